@@ -1,0 +1,139 @@
+"""Admission with group commit: concurrent submits share one transaction and one publish.
+
+A request is accepted once its row is committed; publishing to the broker follows, and a
+request whose publish never completes (the broker down, the process killed in between) is
+published later by maintenance. Concurrent submits ride the same transaction, the way a database
+groups commits: under load each round trip carries many requests, at low load one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Sequence
+
+from core.broker import RequestQueue
+from core.domain import QueueMessage, SubmitCommand
+from core.errors import IdempotencyConflict, IdempotencyInProgress, Unavailable
+from core.store import Admission, JobStore
+
+log = logging.getLogger("batchserve.admission")
+
+_Waiting = tuple[SubmitCommand, "asyncio.Future[Admission]"]
+
+
+class Admitter:
+    def __init__(
+        self,
+        store: JobStore,
+        queue: RequestQueue,
+        *,
+        max_group: int = 512,
+        faults: frozenset[str] = frozenset(),
+    ) -> None:
+        self._store = store
+        self._queue = queue
+        self._max_group = max_group
+        self._faults = faults
+        self._waiting: list[_Waiting] = []
+        self._admitting: set[tuple[str, str]] = set()
+        self._kick = asyncio.Event()
+        self._published: list[str] = []
+        self._published_kick = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.broker_healthy = True
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._flush_forever()),
+            asyncio.create_task(self._mark_published_forever()),
+        ]
+
+    async def stop(self) -> None:
+        """Finish what is admitted, then stop."""
+        while self._waiting:
+            await asyncio.sleep(0.01)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._published:
+            with contextlib.suppress(Unavailable):
+                await self._store.mark_published(self._published)
+
+    async def submit(self, command: SubmitCommand) -> Admission:
+        key = None
+        if command.idempotency_key is not None:
+            key = (command.tenant, command.idempotency_key)
+            if key in self._admitting:
+                raise IdempotencyInProgress("a request with this Idempotency-Key is being admitted")
+            self._admitting.add(key)
+        try:
+            future: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
+            self._waiting.append((command, future))
+            self._kick.set()
+            return await future
+        finally:
+            if key is not None:
+                self._admitting.discard(key)
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await self._kick.wait()
+            self._kick.clear()
+            while self._waiting:
+                group = self._waiting[: self._max_group]
+                del self._waiting[: self._max_group]
+                await self._flush(group)
+
+    async def _flush(self, group: Sequence[_Waiting]) -> None:
+        try:
+            outcomes = await self._store.submit([command for command, _ in group])
+        except Exception as error:  # the database refused the whole group: each caller hears it
+            for _, future in group:
+                if not future.done():
+                    future.set_exception(error)
+            return
+        if "exit_after_commit" in self._faults:
+            os._exit(3)  # test fault: die between commit and publish
+        new = [o for o in outcomes if isinstance(o, Admission) and o.message is not None]
+        await self._publish([o.message for o in new if o.message is not None])
+        for (_, future), outcome in zip(group, outcomes, strict=True):
+            if future.done():
+                continue
+            if isinstance(outcome, IdempotencyConflict | IdempotencyInProgress):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+    async def _publish(self, messages: list[QueueMessage]) -> None:
+        if not messages:
+            return
+        try:
+            await self._queue.publish(messages)
+        except Unavailable as error:
+            if self.broker_healthy:
+                log.warning(
+                    "publish_failed count=%d error=%s (maintenance republishes)",
+                    len(messages),
+                    error,
+                )
+            self.broker_healthy = False
+            return
+        self.broker_healthy = True
+        self._published.extend(m.id for m in messages)
+        self._published_kick.set()
+
+    async def _mark_published_forever(self) -> None:
+        while True:
+            await self._published_kick.wait()
+            await asyncio.sleep(0.05)  # let a few groups accumulate
+            self._published_kick.clear()
+            ids, self._published = self._published, []
+            try:
+                await self._store.mark_published(ids)
+            except Unavailable as error:
+                log.warning("mark_published_failed count=%d error=%s", len(ids), error)

@@ -1,0 +1,178 @@
+"""Request and response bodies of the ``/v1/requests`` API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from core.domain import RequestRecord
+
+MAX_STOP_SEQUENCES = 4
+MAX_METADATA_KEYS = 16
+
+StopText = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+MetaKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+MetaValue = Annotated[str, StringConstraints(max_length=512)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "user", "assistant"]
+    content: Annotated[str, StringConstraints(max_length=200_000)]
+
+
+class GenerationParams(Strict):
+    max_tokens: int = Field(default=256, ge=1, le=32_768)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop: list[StopText] | StopText | None = None
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @model_validator(mode="after")
+    def _few_stops(self) -> GenerationParams:
+        if isinstance(self.stop, list) and len(self.stop) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
+        return self
+
+
+class SubmitRequest(Strict):
+    """``POST /v1/requests``: exactly one of ``input`` and ``messages``."""
+
+    model: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    input: Annotated[str, StringConstraints(min_length=1)] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=256)] | None = None
+    params: GenerationParams = Field(default_factory=GenerationParams)
+    timeout_s: float | None = Field(default=None, gt=0)
+    deadline: datetime | None = None
+    webhook_url: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = None
+    lane: Literal["interactive", "bulk"] = "interactive"
+    metadata: dict[MetaKey, MetaValue] | None = None
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> SubmitRequest:
+        if (self.input is None) == (self.messages is None):
+            raise ValueError("give exactly one of `input` and `messages`")
+        if self.timeout_s is not None and self.deadline is not None:
+            raise ValueError("give at most one of `timeout_s` and `deadline`")
+        if self.metadata is not None and len(self.metadata) > MAX_METADATA_KEYS:
+            raise ValueError(f"at most {MAX_METADATA_KEYS} metadata keys")
+        return self
+
+
+class Output(BaseModel):
+    text: str
+    finish_reason: str | None
+
+
+class ErrorInfo(BaseModel):
+    code: str
+    message: str | None
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class TimingsOut(BaseModel):
+    queued_ms: float
+    batch_wait_ms: float
+    model_ms: float
+    total_ms: float
+
+
+class RequestOut(BaseModel):
+    id: str
+    object: Literal["request"] = "request"
+    status: str
+    model: str
+    lane: str
+    created_at: datetime
+    deadline: datetime
+    finished_at: datetime | None
+    attempts: int
+    batch_id: str | None
+    output: Output | None
+    error: ErrorInfo | None
+    usage: Usage | None
+    timings: TimingsOut | None
+    metadata: dict[str, str] | None
+
+    @classmethod
+    def of(cls, record: RequestRecord) -> RequestOut:
+        usage = None
+        if record.prompt_tokens is not None and record.completion_tokens is not None:
+            usage = Usage(
+                prompt_tokens=record.prompt_tokens,
+                completion_tokens=record.completion_tokens,
+                total_tokens=record.prompt_tokens + record.completion_tokens,
+            )
+        timings = None
+        if record.timings is not None:
+            timings = TimingsOut(
+                queued_ms=round(record.timings.queued_ms, 3),
+                batch_wait_ms=round(record.timings.batch_wait_ms, 3),
+                model_ms=round(record.timings.model_ms, 3),
+                total_ms=round(record.timings.total_ms, 3),
+            )
+        return cls(
+            id=str(record.id),
+            status=record.state.value,
+            model=record.model,
+            lane=record.lane.value,
+            created_at=record.created_at,
+            deadline=record.deadline,
+            finished_at=record.finished_at,
+            attempts=record.attempts,
+            batch_id=str(record.batch_id) if record.batch_id else None,
+            output=Output(text=record.output, finish_reason=record.finish_reason)
+            if record.output is not None
+            else None,
+            error=ErrorInfo(code=record.error_code, message=record.error_message)
+            if record.error_code
+            else None,
+            usage=usage,
+            timings=timings,
+            metadata=record.metadata,
+        )
+
+
+class RequestList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[RequestOut]
+    has_more: bool
+    next_cursor: str | None
+
+
+class ModelOut(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    owned_by: str = "batchserve"
+    backend: str
+    max_batch_size: int
+    max_batch_delay_ms: float
+    max_batch_tokens: int | None
+    context_length: int
+    max_new_tokens: int
+    policy: str
+    description: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelOut]
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    return model.model_dump(mode="json")

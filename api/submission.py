@@ -1,0 +1,137 @@
+"""Turning a validated body into a submit command: model limits, deadline, fingerprint."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime, timedelta
+from urllib.parse import urlsplit
+
+import orjson
+
+from api.schemas import SubmitRequest
+from core.domain import Lane, SubmitCommand
+from core.errors import InvalidInput, ModelNotFound
+from core.ids import uuid7
+from core.settings import Settings
+from models.registry import ModelSpec, Registry
+
+MAX_IDEMPOTENCY_KEY = 255
+
+
+def fingerprint(body: SubmitRequest) -> str:
+    """The body as sent (unset defaults left out), canonical: key order and spacing don't count."""
+    sent = body.model_dump(mode="json", exclude_unset=True)
+    canonical = orjson.dumps(sent, option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(canonical).hexdigest()
+
+
+def resolve_model(registry: Registry, name: str) -> ModelSpec:
+    spec = registry.get(name)
+    if spec is None:
+        raise ModelNotFound(
+            f"no model named {name!r}; GET /v1/models lists the models served here", field="model"
+        )
+    return spec
+
+
+def estimate_prompt_tokens(body: SubmitRequest) -> int:
+    """A cheap admission-time estimate (about 4 characters a token); workers count exactly."""
+    if body.messages is not None:
+        chars = sum(len(m.content) + 4 for m in body.messages)
+    else:
+        chars = len(body.input or "")
+    return max(1, chars // 4)
+
+
+def resolve_deadline(body: SubmitRequest, settings: Settings, now: datetime) -> datetime:
+    if body.deadline is not None:
+        deadline = body.deadline if body.deadline.tzinfo else body.deadline.replace(tzinfo=UTC)
+        if deadline <= now:
+            raise InvalidInput("the deadline is in the past", field="deadline")
+        if deadline - now > timedelta(seconds=settings.max_timeout_s):
+            raise InvalidInput(
+                f"the deadline is more than {settings.max_timeout_s:.0f} s away",
+                field="deadline",
+                limit={"max_s": settings.max_timeout_s},
+            )
+        return deadline
+    timeout_s = body.timeout_s if body.timeout_s is not None else settings.default_timeout_s
+    if timeout_s > settings.max_timeout_s:
+        raise InvalidInput(
+            f"timeout_s must be at most {settings.max_timeout_s:.0f}",
+            field="timeout_s",
+            limit={"le": settings.max_timeout_s},
+        )
+    return now + timedelta(seconds=timeout_s)
+
+
+def check_idempotency_key(key: str | None) -> str | None:
+    if key is None:
+        return None
+    if not key or len(key) > MAX_IDEMPOTENCY_KEY or not key.isprintable():
+        raise InvalidInput(
+            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable characters",
+            field="Idempotency-Key",
+            limit={"max_length": MAX_IDEMPOTENCY_KEY},
+        )
+    return key
+
+
+def check_webhook_url(url: str | None) -> str | None:
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidInput("webhook_url must be an absolute http(s) URL", field="webhook_url")
+    return url
+
+
+def build_command(
+    body: SubmitRequest,
+    *,
+    tenant: str,
+    idempotency_key: str | None,
+    registry: Registry,
+    settings: Settings,
+    now: datetime,
+) -> SubmitCommand:
+    spec = resolve_model(registry, body.model)
+    params = body.params
+    if params.max_tokens > spec.max_new_tokens:
+        raise InvalidInput(
+            f"params.max_tokens must be at most {spec.max_new_tokens} for {spec.name}",
+            field="params.max_tokens",
+            limit={"le": spec.max_new_tokens},
+        )
+    total_chars = len(body.input or "") + sum(len(m.content) for m in body.messages or [])
+    if total_chars > settings.max_input_chars:
+        field = "input" if body.input is not None else "messages"
+        raise InvalidInput(
+            f"{field} is longer than {settings.max_input_chars} characters",
+            field=field,
+            limit={"max_chars": settings.max_input_chars},
+        )
+    prompt_tokens = estimate_prompt_tokens(body)
+    return SubmitCommand(
+        id=uuid7(),
+        tenant=tenant,
+        model=spec.name,
+        lane=Lane(body.lane),
+        input=body.input,
+        messages=[m.model_dump() for m in body.messages] if body.messages is not None else None,
+        params={
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "stop": params.stop_list(),
+            "seed": params.seed,
+        },
+        created_at=now,
+        deadline=resolve_deadline(body, settings, now),
+        prompt_tokens=prompt_tokens,
+        max_tokens=params.max_tokens,
+        idempotency_key=check_idempotency_key(idempotency_key),
+        fingerprint=fingerprint(body),
+        webhook_url=check_webhook_url(body.webhook_url),
+        metadata=body.metadata,
+    )

@@ -1,0 +1,1 @@
+"""Batching: the pure policy, the batch-time model, the simulator, and the batcher process."""

@@ -1,0 +1,323 @@
+"""The batcher: a thin loop that feeds the pure policy and carries out its decisions.
+
+One :class:`ModelBatcher` per model. It consumes ``requests.<model>`` (as the single active
+consumer; another batcher waits as hot standby), keeps pending requests in memory, learns free
+worker slots from worker registrations and batch-closed events, and dispatches a batch only when
+a slot is free. Messages are acked only after their batch is claimed in Postgres and handed to a
+worker, so a batcher that dies loses nothing: its messages are redelivered to the standby.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from batching.estimate import BatchTimeEstimator, FixedBatchTime
+from batching.policy import Decision, Pending, PolicyConfig, decide, estimate_batch_s
+from core.broker import Delivery, RequestQueue
+from core.domain import (
+    BatchClosed,
+    BatchItem,
+    BatchMessage,
+    BatchOutcome,
+    Event,
+    Lane,
+    QueueMessage,
+)
+from core.errors import Unavailable
+from core.events import EventBus, Subscription
+from core.ids import uuid7
+from core.slots import SlotDirectory
+from core.store import JobStore
+from models.registry import ModelSpec
+
+log = logging.getLogger("batchserve.batcher")
+
+
+class Dispatcher(Protocol):
+    async def dispatch(self, message: BatchMessage, time_limit_s: float) -> None:
+        """Hand a claimed batch to a worker; raises :class:`Unavailable` if it cannot."""
+        ...
+
+
+@dataclass(slots=True)
+class _Entry:
+    pending: Pending
+    received_at: float
+    deliveries: list[Delivery] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class BatcherConfig:
+    lease_s: float = 2.0
+    dispatch_grace_s: float = 5.0
+    interactive_prefetch: int = 1024
+    bulk_prefetch: int = 256
+    slot_refresh_s: float = 0.25
+    reconcile_s: float = 1.0
+
+
+def policy_config(spec: ModelSpec) -> PolicyConfig:
+    return PolicyConfig(
+        kind=spec.policy,
+        max_batch_size=spec.max_batch_size,
+        max_batch_delay_s=spec.max_batch_delay_ms / 1000.0,
+        max_batch_tokens=spec.max_batch_tokens,
+    )
+
+
+def time_limit_s(estimated_s: float) -> float:
+    """Past this a batch counts as stalled and its worker process is killed."""
+    return max(10.0 * estimated_s, estimated_s + 10.0)
+
+
+class ModelBatcher:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        store: JobStore,
+        queue: RequestQueue,
+        dispatcher: Dispatcher,
+        slots: SlotDirectory,
+        events: EventBus,
+        config: BatcherConfig | None = None,
+        estimator: BatchTimeEstimator | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.spec = spec
+        self.policy = policy_config(spec)
+        self.estimator = estimator or FixedBatchTime(spec.batch_time_ms / 1000.0)
+        self.config = config or BatcherConfig()
+        self._store = store
+        self._queue = queue
+        self._dispatcher = dispatcher
+        self._slots = slots
+        self._events = events
+        self._clock = clock
+        self.pending: dict[str, _Entry] = {}
+        self.inflight: dict[uuid.UUID, float] = {}  # batch id -> dispatched at
+        self.total_slots = 0
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._subscription: Subscription | None = None
+        self._stopping = False
+        self._recently_closed: dict[uuid.UUID, float] = {}
+        self.num_dispatched = 0
+
+    # -- inputs ----------------------------------------------------------------------------
+
+    async def on_message(self, message: QueueMessage, delivery: Delivery) -> None:
+        entry = self.pending.get(message.id)
+        if entry is None:
+            pending = Pending(
+                id=message.id,
+                arrived_at=message.created_at,
+                deadline=message.deadline,
+                lane=message.lane,
+                prompt_tokens=message.prompt_tokens,
+                max_tokens=message.max_tokens,
+                group=message.group,
+                tenant=message.tenant,
+            )
+            entry = self.pending[message.id] = _Entry(pending, self._clock())
+        entry.deliveries.append(delivery)  # a duplicate (republished) joins its twin
+        self._wake.set()
+
+    def on_event(self, event: Event) -> None:
+        if not isinstance(event, BatchClosed) or event.model != self.spec.name:
+            return
+        batch_id = uuid.UUID(event.batch_id)
+        self._recently_closed[batch_id] = self._clock()
+        if self.inflight.pop(batch_id, None) is not None:
+            self._wake.set()
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        now = self._clock()
+        for batch_id, _lease in await self._store.open_batches(self.spec.name):
+            self.inflight[batch_id] = now  # a previous batcher's batches still hold their slots
+        self._subscription = self._events.subscribe(self.on_event, on_reconnect=self._wake.set)
+        await self._refresh_slots()
+        cfg = self.config
+        await self._queue.consume(
+            self.spec.name, Lane.INTERACTIVE, self.on_message, cfg.interactive_prefetch
+        )
+        await self._queue.consume(self.spec.name, Lane.BULK, self.on_message, cfg.bulk_prefetch)
+        self._tasks = [
+            asyncio.create_task(self._every(cfg.slot_refresh_s, self._refresh_slots)),
+            asyncio.create_task(self._every(cfg.reconcile_s, self._reconcile)),
+        ]
+        log.info(
+            "batcher_started model=%s policy=%s max_batch_size=%d inflight=%d",
+            self.spec.name,
+            self.policy.kind,
+            self.policy.max_batch_size,
+            len(self.inflight),
+        )
+
+    async def run(self) -> None:
+        await self.start()
+        try:
+            await self.loop()
+        finally:
+            await self.stop()
+
+    async def loop(self) -> None:
+        next_due = 0.0
+        while not self._stopping:
+            self._wake.clear()  # before deciding: a wake-up during the decision is not lost
+            now = self._clock()
+            free_slots = max(0, self.total_slots - len(self.inflight))
+            if free_slots == 0 and now < next_due:
+                # Nothing can leave without a slot; arrivals only wait. Expiry is due at next_due.
+                timeout: float | None = next_due - now
+            else:
+                decision = decide(
+                    [e.pending for e in self.pending.values()],
+                    now,
+                    free_slots,
+                    self.policy,
+                    self.estimator,
+                )
+                try:
+                    await self._apply(decision, now)
+                except Unavailable as error:
+                    log.warning("batcher_backoff model=%s error=%s", self.spec.name, error)
+                    await asyncio.sleep(0.5)
+                    continue
+                if decision.batches:
+                    continue  # state changed: decide again before sleeping
+                next_due = float("inf") if decision.wake_at is None else decision.wake_at
+                timeout = None if decision.wake_at is None else max(0.0, decision.wake_at - now)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._subscription is not None:
+            await self._subscription.close()
+
+    # -- outputs ---------------------------------------------------------------------------
+
+    async def _apply(self, decision: Decision, now: float) -> None:
+        if decision.expire:
+            ids = [p.id for p in decision.expire]
+            await self._store.expire(ids, now, "the deadline cannot be met even if run now")
+            await self._settle(ids)
+            log.info("expired model=%s count=%d", self.spec.name, len(ids))
+        for batch in decision.batches:
+            await self._dispatch(batch, now)
+
+    async def _dispatch(self, batch: tuple[Pending, ...], now: float) -> None:
+        batch_id = uuid7()
+        estimated_s = estimate_batch_s(batch, self.estimator)
+        claimed = await self._store.claim_batch(
+            batch_id=batch_id,
+            model=self.spec.name,
+            request_ids=[p.id for p in batch],
+            now=now,
+            estimated_s=estimated_s,
+            lease_until=now + estimated_s + self.config.dispatch_grace_s,
+            isolation_group=batch[0].group,
+        )
+        ids = [p.id for p in batch]
+        if not claimed:  # all cancelled, expired or already running (a duplicate message)
+            await self._settle(ids)
+            return
+        message = BatchMessage(
+            batch_id=str(batch_id),
+            model=self.spec.name,
+            dispatched_at=now,
+            estimated_s=estimated_s,
+            items=tuple(
+                BatchItem(
+                    request_id=c.id,
+                    input=c.input,
+                    messages=c.messages,
+                    params=c.params,
+                    created_at=c.created_at,
+                    received_at=self.pending[c.id].received_at,
+                )
+                for c in claimed
+            ),
+        )
+        self.inflight[batch_id] = now
+        try:
+            await self._dispatcher.dispatch(message, time_limit_s(estimated_s))
+        except Unavailable as error:
+            # Claimed but not handed over: put the members back ourselves rather than wait
+            # for the dispatch lease to run out.
+            log.warning("dispatch_failed batch_id=%s error=%s", batch_id, error)
+            self.inflight.pop(batch_id, None)
+            reaped = await self._store.reap_batch(
+                batch_id, now=self._clock(), outcome=BatchOutcome.ABANDONED
+            )
+            with contextlib.suppress(Unavailable):
+                await self._queue.publish(reaped.requeued)
+        self.num_dispatched += 1
+        log.info(
+            "batch_dispatched model=%s batch_id=%s size=%d free_after=%d",
+            self.spec.name,
+            batch_id,
+            len(claimed),
+            max(0, self.total_slots - len(self.inflight)),
+        )
+        await self._settle(ids)
+
+    async def _settle(self, ids: list[str]) -> None:
+        for request_id in ids:
+            entry = self.pending.pop(request_id, None)
+            if entry is not None:
+                for delivery in entry.deliveries:
+                    await delivery.ack()
+
+    # -- background ------------------------------------------------------------------------
+
+    async def _every(self, period_s: float, job: Callable[[], object]) -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                await job()  # type: ignore[misc]
+            except Unavailable as error:
+                log.debug("background_unavailable error=%s", error)
+            except Exception:
+                log.exception("batcher_background_failed model=%s", self.spec.name)
+
+    async def _refresh_slots(self) -> None:
+        total = await self._slots.total_slots(self.spec.name, self._clock())
+        if total is not None and total != self.total_slots:
+            log.info("slots_changed model=%s total=%d", self.spec.name, total)
+            grew = total > self.total_slots
+            self.total_slots = total
+            if grew:
+                self._wake.set()
+
+    async def _reconcile(self) -> None:
+        """Make in-flight batches match Postgres: free slots whose batch-closed event was
+        missed (Redis down, batch reaped) and count batches another batcher dispatched (after a
+        standby takes over)."""
+        started = self._clock()
+        open_now = {batch_id for batch_id, _ in await self._store.open_batches(self.spec.name)}
+        freed = [b for b, at in self.inflight.items() if b not in open_now and at < started]
+        for batch_id in freed:
+            self.inflight.pop(batch_id, None)
+        for batch_id in open_now - self.inflight.keys() - self._recently_closed.keys():
+            self.inflight[batch_id] = started
+        horizon = started - 60.0
+        self._recently_closed = {b: t for b, t in self._recently_closed.items() if t > horizon}
+        if freed:
+            self._wake.set()

@@ -1,0 +1,176 @@
+"""When a batch leaves: a pure function of (pending requests, now, free slots, config).
+
+No I/O, no clock: the live batcher and the simulator call the same ``decide`` with numbers.
+A batch is formed only when a worker slot is free. It leaves when it is full, when its oldest
+request has waited ``max_batch_delay_s`` (measured from that request's arrival, never
+restarted), or when waiting longer would make a member miss its deadline. A request whose
+deadline cannot be met even if it were dispatched now is expired without running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from batching.estimate import BatchShape, BatchTimeEstimator
+from core.domain import Lane
+
+POLICY_KINDS = ("timer", "greedy", "size-only", "adaptive")
+
+# A request expires this long after the last moment it could start and still finish in time;
+# waking at exactly that moment gives the same float on both sides of the comparison.
+_EXPIRY_SLACK_S = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A request waiting in the batcher."""
+
+    id: str
+    arrived_at: float
+    deadline: float
+    lane: Lane = Lane.INTERACTIVE
+    prompt_tokens: int = 1
+    max_tokens: int = 1
+    group: str | None = None  # requests requeued after a crash batch only within their group
+    tenant: str = ""
+
+    @property
+    def cost_tokens(self) -> int:
+        return self.prompt_tokens + self.max_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    kind: str = "timer"
+    max_batch_size: int = 32
+    max_batch_delay_s: float = 0.010
+    max_batch_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in POLICY_KINDS:
+            raise ValueError(f"unknown policy {self.kind!r}; one of {', '.join(POLICY_KINDS)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Batches to dispatch now (at most one per free slot), requests to expire, next wake-up."""
+
+    batches: tuple[tuple[Pending, ...], ...] = ()
+    expire: tuple[Pending, ...] = ()
+    wake_at: float | None = None
+
+
+def decide(
+    pending: Sequence[Pending],
+    now: float,
+    free_slots: int,
+    config: PolicyConfig,
+    estimator: BatchTimeEstimator,
+) -> Decision:
+    """What to do at ``now``: see the module docstring for the rules."""
+    expire, alive = _split_unmeetable(pending, now, estimator)
+    batches: list[tuple[Pending, ...]] = []
+    wake_at = _earliest_unmeetable(alive, estimator)
+    for group in _groups_in_order(alive):
+        remaining = list(group)
+        while remaining and free_slots > len(batches):
+            batch, full = _fill(remaining, config)
+            leave_at = float("-inf") if full else _leave_at(batch, config, estimator)
+            if leave_at > now:
+                wake_at = _min(wake_at, leave_at)
+                break
+            batches.append(tuple(batch))
+            taken = {p.id for p in batch}
+            remaining = [p for p in remaining if p.id not in taken]
+    return Decision(batches=tuple(batches), expire=tuple(expire), wake_at=wake_at)
+
+
+def estimate_batch_s(batch: Sequence[Pending], estimator: BatchTimeEstimator) -> float:
+    return estimator.batch_s(
+        BatchShape(
+            size=len(batch),
+            prompt_tokens=sum(p.prompt_tokens for p in batch),
+            max_new_tokens=max((p.max_tokens for p in batch), default=0),
+        )
+    )
+
+
+def _split_unmeetable(
+    pending: Sequence[Pending], now: float, estimator: BatchTimeEstimator
+) -> tuple[list[Pending], list[Pending]]:
+    expire: list[Pending] = []
+    alive: list[Pending] = []
+    for p in pending:
+        (expire if now >= _expires_at(p, estimator) else alive).append(p)
+    return expire, alive
+
+
+def _expires_at(p: Pending, estimator: BatchTimeEstimator) -> float:
+    """Just after the last moment ``p`` could be dispatched alone and finish by its deadline."""
+    return p.deadline - estimate_batch_s((p,), estimator) + _EXPIRY_SLACK_S
+
+
+def _earliest_unmeetable(alive: Sequence[Pending], estimator: BatchTimeEstimator) -> float | None:
+    """When the first pending request stops being meetable, so it is expired on time."""
+    return min((_expires_at(p, estimator) for p in alive), default=None)
+
+
+def _order_key(p: Pending) -> tuple[int, float, str]:
+    return (0 if p.lane is Lane.INTERACTIVE else 1, p.arrived_at, p.id)
+
+
+def _groups_in_order(alive: Sequence[Pending]) -> list[list[Pending]]:
+    """Requests split by isolation group; retry groups first (they have waited), then the rest.
+
+    Within a group: interactive lane before bulk, FIFO within a lane.
+    """
+    groups: dict[str | None, list[Pending]] = {}
+    for p in sorted(alive, key=_order_key):
+        groups.setdefault(p.group, []).append(p)
+    ordered = [groups[g] for g in groups if g is not None]
+    if None in groups:
+        ordered.append(groups[None])
+    return ordered
+
+
+def _fill(ordered: Sequence[Pending], config: PolicyConfig) -> tuple[list[Pending], bool]:
+    """The next batch, in order, within the count limit and the token budget; and whether full.
+
+    A batch is full when it reached the count limit or when the token budget turned a waiting
+    request away: waiting longer could not make it any fuller.
+    """
+    batch: list[Pending] = []
+    tokens = 0
+    turned_away = False
+    for p in ordered:
+        if len(batch) >= config.max_batch_size:
+            return batch, True
+        budget = config.max_batch_tokens
+        if budget is not None and batch and tokens + p.cost_tokens > budget:
+            turned_away = True
+            continue  # a later, smaller request may still fit
+        batch.append(p)
+        tokens += p.cost_tokens
+    return batch, turned_away or len(batch) >= config.max_batch_size
+
+
+def _leave_at(
+    batch: Sequence[Pending], config: PolicyConfig, estimator: BatchTimeEstimator
+) -> float:
+    """The earliest time this partial batch should leave; at or before ``now`` means go."""
+    if batch[0].group is not None:
+        return float("-inf")  # a retry group never waits for company it may not have
+    oldest = min(p.arrived_at for p in batch)
+    run_s = estimate_batch_s(batch, estimator)
+    # Latest moment that still lets every member finish by its deadline.
+    deadline_risk = min(p.deadline for p in batch) - run_s
+    if config.kind == "greedy":
+        return float("-inf")
+    if config.kind == "size-only":
+        return deadline_risk
+    return min(oldest + config.max_batch_delay_s, deadline_risk)
+
+
+def _min(a: float | None, b: float) -> float:
+    return b if a is None else min(a, b)

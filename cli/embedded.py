@@ -1,0 +1,114 @@
+"""The embedded mode: every role in one process, on a SQLite file and in-process queues.
+
+Same policy, same store logic, same API as the full stack; no servers to install. For
+development and demos: one process means one machine and no fault isolation between roles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import uvicorn
+
+from api.main import create_app
+from api.services import ApiServices
+from batching.batcher import ModelBatcher
+from cli.roles import batcher_config, maintenance_config
+from core.migrate import upgrade
+from core.settings import Settings
+from core.slots import MemorySlotDirectory
+from core.wiring import Adapters, connect
+from models.loader import load_backend
+from workers.dispatch import InProcessDispatcher
+from workers.maintenance import Maintenance
+from workers.runner import BatchRunner
+
+log = logging.getLogger("batchserve.embedded")
+
+
+class EmbeddedStack:
+    """All roles wired in-process. ``start`` then serve the app; ``stop`` when done."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.adapters: Adapters = connect(settings)
+        specs = self.adapters.registry.specs()
+        runners = {
+            spec.name: BatchRunner(
+                store=self.adapters.store,
+                events=self.adapters.events,
+                queue=self.adapters.queue,
+                backend=load_backend(spec),
+                worker_id=f"embedded:{spec.name}",
+                lease_s=settings.lease_s,
+            )
+            for spec in specs
+        }
+        self.dispatcher = InProcessDispatcher(runners)
+        self.batchers = [
+            ModelBatcher(
+                spec,
+                store=self.adapters.store,
+                queue=self.adapters.queue,
+                dispatcher=self.dispatcher,
+                slots=self.adapters.slots,
+                events=self.adapters.events,
+                config=batcher_config(settings),
+            )
+            for spec in specs
+        ]
+        self.maintenance = Maintenance(
+            store=self.adapters.store,
+            queue=self.adapters.queue,
+            events=self.adapters.events,
+            config=maintenance_config(settings),
+        )
+        self.api = ApiServices.create(settings, self.adapters)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        slots = self.adapters.slots
+        assert isinstance(slots, MemorySlotDirectory)
+        for spec in self.adapters.registry.specs():
+            slots.register(spec.name, "embedded", spec.slots, float("inf"))
+        # The in-process queue starts empty: whatever was queued when we stopped goes back in.
+        recovered = await self.adapters.store.queued_messages()
+        await self.adapters.queue.publish(recovered)
+        if recovered:
+            log.info("recovered_queued count=%d", len(recovered))
+        for batcher in self.batchers:
+            await batcher.start()
+            self._tasks.append(asyncio.create_task(batcher.loop()))
+        self._tasks.append(asyncio.create_task(self.maintenance.run()))
+        await self.api.start()
+
+    async def stop(self) -> None:
+        await self.api.stop(close_adapters=False)
+        for batcher in self.batchers:
+            await batcher.stop()
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.dispatcher.close()
+        await self.adapters.close()
+
+
+async def run_embedded(settings: Settings, host: str, port: int) -> None:
+    await asyncio.to_thread(upgrade, settings.effective_database_url)
+    stack = EmbeddedStack(settings)
+    await stack.start()
+    app = create_app(settings, services=stack.api)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False)
+    )
+    log.info(
+        "embedded_ready url=http://%s:%d database=%s", host, port, settings.effective_database_url
+    )
+    print(f"batchserve (embedded) listening on http://{host}:{port}", flush=True)
+    try:
+        await server.serve()
+    finally:
+        await stack.stop()

@@ -1,0 +1,141 @@
+"""The ``batchserve`` command line: roles, admin and client commands."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated
+
+import httpx
+import typer
+
+from core.logs import setup_logging
+from core.settings import Settings, load_settings
+
+app = typer.Typer(
+    name="batchserve",
+    help="A durable, batched LLM inference service.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+Host = Annotated[str, typer.Option(help="Interface to listen on")]
+Port = Annotated[int, typer.Option(help="Port to listen on")]
+
+
+def _settings(role: str) -> Settings:
+    try:
+        settings = load_settings()
+    except ValueError as error:
+        typer.echo(f"batchserve: bad settings: {error}", err=True)
+        raise typer.Exit(2) from error
+    setup_logging(role, fmt=settings.log_format, level=settings.log_level)
+    return settings
+
+
+@app.command()
+def serve(host: Host = "127.0.0.1", port: Port = 8000) -> None:
+    """Every role on this machine, supervised (embedded when no servers are configured)."""
+    settings = _settings("serve")
+    if settings.embedded:
+        from cli.embedded import run_embedded
+
+        asyncio.run(run_embedded(settings, host, port))
+        return
+    from cli.supervisor import Supervisor, plan_children
+    from core.migrate import upgrade
+    from models.registry import load_registry
+
+    upgrade(settings.effective_database_url)
+    registry = load_registry(settings.models)
+    children = plan_children(
+        host, port, registry.names(), {s.name: s.slots for s in registry.specs()}
+    )
+    raise typer.Exit(Supervisor(children).run(ready_url=f"http://{host}:{port}"))
+
+
+@app.command()
+def api(host: Host = "127.0.0.1", port: Port = 8000) -> None:
+    """The HTTP API."""
+    from cli.roles import run_api
+
+    run_api(_settings("api"), host, port)
+
+
+@app.command()
+def batcher(
+    model: Annotated[list[str] | None, typer.Option(help="Model(s) to batch; default all")] = None,
+) -> None:
+    """The batcher: forms batches when worker slots are free (hot standby if one runs already)."""
+    from cli.roles import run_batcher
+
+    asyncio.run(run_batcher(_settings("batcher"), model))
+
+
+@app.command()
+def worker(
+    model: Annotated[str, typer.Option(help="The model this worker serves")],
+    slots: Annotated[int | None, typer.Option(help="Batches run at once (processes)")] = None,
+) -> None:
+    """A Celery worker for one model; each slot runs one batch at a time."""
+    from models.registry import load_registry
+    from workers.worker_main import run_worker
+
+    settings = _settings("worker")
+    spec = load_registry(settings.models).get(model)
+    if spec is None:
+        typer.echo(f"batchserve: unknown model {model!r}", err=True)
+        raise typer.Exit(2)
+    if settings.embedded:
+        typer.echo("batchserve: a worker needs servers (BATCHSERVE_*_URL)", err=True)
+        raise typer.Exit(2)
+    run_worker(settings, spec, slots=slots or spec.slots, loglevel=settings.log_level)
+
+
+@app.command()
+def maintenance() -> None:
+    """Expire overdue requests, reap expired leases, republish, prune idempotency keys."""
+    from cli.roles import run_maintenance
+
+    asyncio.run(run_maintenance(_settings("maintenance")))
+
+
+@app.command()
+def migrate() -> None:
+    """Upgrade the database schema to the latest revision."""
+    from core.migrate import current, upgrade
+
+    settings = _settings("migrate")
+    upgrade(settings.effective_database_url)
+    typer.echo(f"database at revision {current(settings.effective_database_url)}")
+
+
+@app.command()
+def submit(
+    text: Annotated[str, typer.Argument(help="The prompt")],
+    model: Annotated[str, typer.Option(help="Model name")] = "echo-100ms",
+    url: Annotated[str, typer.Option(help="Service URL")] = "http://127.0.0.1:8000",
+    max_tokens: Annotated[int, typer.Option(help="Most tokens to generate")] = 64,
+    wait: Annotated[float, typer.Option(help="Seconds to wait for the result; 0 = don't")] = 30.0,
+    idempotency_key: Annotated[str | None, typer.Option(help="Idempotency-Key header")] = None,
+) -> None:
+    """Submit one prompt and print the request (with its result when --wait)."""
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    body = {"model": model, "input": text, "params": {"max_tokens": max_tokens}}
+    with httpx.Client(base_url=url, timeout=wait + 10) as client:
+        response = client.post("/v1/requests", json=body, headers=headers)
+        if response.status_code != 202:
+            typer.echo(response.text, err=True)
+            raise typer.Exit(1)
+        request = response.json()
+        if wait > 0:
+            request = client.get(f"/v1/requests/{request['id']}", params={"wait": wait}).json()
+    typer.echo(json.dumps(request, indent=2))
+
+
+def main() -> None:
+    app(prog_name="batchserve")
+
+
+if __name__ == "__main__":
+    main()

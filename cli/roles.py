@@ -1,0 +1,113 @@
+"""Each production role as a function: api, batcher, maintenance (the worker is Celery's)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+import uvicorn
+
+from batching.batcher import BatcherConfig, ModelBatcher
+from core.settings import Settings
+from core.wiring import Adapters, connect
+from models.registry import ModelSpec
+from workers.celery_app import create_celery
+from workers.dispatch import CeleryDispatcher
+from workers.maintenance import Maintenance, MaintenanceConfig
+
+log = logging.getLogger("batchserve")
+
+
+def batcher_config(settings: Settings) -> BatcherConfig:
+    return BatcherConfig(lease_s=settings.lease_s, dispatch_grace_s=settings.dispatch_grace_s)
+
+
+def maintenance_config(settings: Settings) -> MaintenanceConfig:
+    return MaintenanceConfig(
+        republish_after_s=settings.republish_after_s,
+        idempotency_retention_s=settings.idempotency_retention_s,
+    )
+
+
+def select_models(adapters: Adapters, names: list[str] | None) -> list[ModelSpec]:
+    registry = adapters.registry
+    wanted = names or registry.names()
+    unknown = [n for n in wanted if n not in registry]
+    if unknown:
+        raise SystemExit(
+            f"unknown model(s): {', '.join(unknown)}; known: {', '.join(registry.names())}"
+        )
+    return [spec for n in wanted if (spec := registry.get(n)) is not None]
+
+
+async def _until_signalled(*tasks: asyncio.Task[None]) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    stopper = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    for task in tasks:
+        if task in done and (error := task.exception()) is not None:
+            raise error
+    stopper.cancel()
+    for task in tasks:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def run_batcher(settings: Settings, models: list[str] | None) -> None:
+    adapters = connect(settings, pool_size=4)
+    specs = select_models(adapters, models)
+    celery = create_celery(settings, [s.name for s in specs])
+    dispatcher = CeleryDispatcher(celery, settings)
+    batchers = [
+        ModelBatcher(
+            spec,
+            store=adapters.store,
+            queue=adapters.queue,
+            dispatcher=dispatcher,
+            slots=adapters.slots,
+            events=adapters.events,
+            config=batcher_config(settings),
+        )
+        for spec in specs
+    ]
+    try:
+        await _until_signalled(*(asyncio.create_task(b.run()) for b in batchers))
+    finally:
+        dispatcher.close()
+        await adapters.close()
+
+
+async def run_maintenance(settings: Settings) -> None:
+    adapters = connect(settings, pool_size=2)
+    maintenance = Maintenance(
+        store=adapters.store,
+        queue=adapters.queue,
+        events=adapters.events,
+        config=maintenance_config(settings),
+    )
+    try:
+        await _until_signalled(asyncio.create_task(maintenance.run()))
+    finally:
+        await adapters.close()
+
+
+def run_api(settings: Settings, host: str, port: int) -> None:
+    from api.main import create_app
+
+    config = uvicorn.Config(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+        timeout_graceful_shutdown=10,
+    )
+    uvicorn.Server(config).run()

@@ -1,0 +1,1 @@
+"""Shared domain code: settings, tables, the job store, broker topology and notifications."""

@@ -1,0 +1,224 @@
+"""The request queues: RabbitMQ quorum queues, or an in-process queue for the embedded mode.
+
+Each model has two durable quorum queues, ``requests.<model>`` (interactive) and
+``requests.<model>.bulk``, with a single active consumer each: the active batcher. Messages carry
+request ids and the few fields the batcher decides on; Postgres holds everything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
+from aiormq.exceptions import AMQPError
+
+from core.domain import Lane, QueueMessage
+from core.errors import Unavailable
+
+log = logging.getLogger("batchserve.broker")
+
+QUEUE_ARGUMENTS: dict[str, Any] = {
+    "x-queue-type": "quorum",
+    "x-single-active-consumer": True,
+}
+
+
+def requests_queue_name(prefix: str, model: str, lane: Lane) -> str:
+    base = f"{prefix}.requests.{model}" if prefix else f"requests.{model}"
+    return base if lane is Lane.INTERACTIVE else f"{base}.bulk"
+
+
+class Delivery(ABC):
+    @abstractmethod
+    async def ack(self) -> None:
+        """Settle the message; a failure (channel gone) means it will be redelivered."""
+
+
+Handler = Callable[[QueueMessage, Delivery], Awaitable[None]]
+
+
+class RequestQueue(ABC):
+    """Where admitted requests wait for the batcher."""
+
+    @abstractmethod
+    async def publish(self, messages: Sequence[QueueMessage]) -> None:
+        """Publish durably (confirmed); raises :class:`Unavailable` when the broker is down."""
+
+    @abstractmethod
+    async def consume(self, model: str, lane: Lane, handler: Handler, prefetch: int) -> None:
+        """Deliver messages to ``handler`` until :meth:`close`."""
+
+    async def depth(self, model: str, lane: Lane) -> int | None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class _MemoryDelivery(Delivery):
+    async def ack(self) -> None:
+        return None
+
+
+class MemoryRequestQueue(RequestQueue):
+    """In-process queues. Nothing survives the process: the embedded mode re-enqueues at start."""
+
+    def __init__(self) -> None:
+        self._queues: dict[tuple[str, Lane], asyncio.Queue[QueueMessage]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _queue(self, model: str, lane: Lane) -> asyncio.Queue[QueueMessage]:
+        return self._queues.setdefault((model, lane), asyncio.Queue())
+
+    async def publish(self, messages: Sequence[QueueMessage]) -> None:
+        for message in messages:
+            self._queue(message.model, message.lane).put_nowait(message)
+
+    async def consume(self, model: str, lane: Lane, handler: Handler, prefetch: int) -> None:
+        queue = self._queue(model, lane)
+
+        async def pump() -> None:
+            delivery = _MemoryDelivery()
+            while True:
+                message = await queue.get()
+                await handler(message, delivery)
+
+        self._tasks.append(asyncio.create_task(pump()))
+
+    async def depth(self, model: str, lane: Lane) -> int | None:
+        return self._queue(model, lane).qsize()
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+class _RabbitDelivery(Delivery):
+    __slots__ = ("_message",)
+
+    def __init__(self, message: AbstractIncomingMessage) -> None:
+        self._message = message
+
+    async def ack(self) -> None:
+        try:
+            await self._message.ack()
+        except (AMQPError, RuntimeError, ConnectionError) as error:
+            log.info("ack_failed error=%s (the message will be redelivered)", error)
+
+
+class RabbitRequestQueue(RequestQueue):
+    def __init__(self, url: str, prefix: str, *, publish_timeout_s: float = 5.0) -> None:
+        self._url = url
+        self._prefix = prefix
+        self._publish_timeout_s = publish_timeout_s
+        self._connection: AbstractRobustConnection | None = None
+        self._publish_channel: AbstractChannel | None = None
+        self._declared: set[str] = set()
+        self._lock = asyncio.Lock()
+
+    async def _connect(self) -> AbstractRobustConnection:
+        if self._connection is None or self._connection.is_closed:
+            async with self._lock:
+                if self._connection is None or self._connection.is_closed:
+                    try:
+                        self._connection = await aio_pika.connect_robust(
+                            self._url,
+                            timeout=5,
+                            client_properties={"connection_name": "batchserve"},
+                        )
+                    except (TimeoutError, AMQPError, OSError) as error:
+                        raise Unavailable(
+                            f"broker unreachable: {error}", component="broker"
+                        ) from error
+        return self._connection
+
+    async def _channel(self) -> AbstractChannel:
+        if self._publish_channel is None or self._publish_channel.is_closed:
+            connection = await self._connect()
+            self._publish_channel = await connection.channel(publisher_confirms=True)
+        return self._publish_channel
+
+    async def declare(self, channel: AbstractChannel, name: str) -> None:
+        if name not in self._declared:
+            await channel.declare_queue(name, durable=True, arguments=QUEUE_ARGUMENTS)
+            self._declared.add(name)
+
+    async def publish(self, messages: Sequence[QueueMessage]) -> None:
+        if not messages:
+            return
+        try:
+            channel = await self._channel()
+            exchange = channel.default_exchange
+            for name in {requests_queue_name(self._prefix, m.model, m.lane) for m in messages}:
+                await self.declare(channel, name)
+            await asyncio.wait_for(
+                asyncio.gather(
+                    *(
+                        exchange.publish(
+                            aio_pika.Message(
+                                m.encode(),
+                                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                                content_type="application/json",
+                                message_id=m.id,
+                            ),
+                            routing_key=requests_queue_name(self._prefix, m.model, m.lane),
+                        )
+                        for m in messages
+                    )
+                ),
+                timeout=self._publish_timeout_s,
+            )
+        except Unavailable:
+            raise
+        except (TimeoutError, AMQPError, OSError, RuntimeError) as error:
+            self._publish_channel = None
+            raise Unavailable(f"broker publish failed: {error!r}", component="broker") from error
+
+    async def consume(self, model: str, lane: Lane, handler: Handler, prefetch: int) -> None:
+        connection = await self._connect()
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=prefetch)
+        name = requests_queue_name(self._prefix, model, lane)
+        queue = await channel.declare_queue(name, durable=True, arguments=QUEUE_ARGUMENTS)
+
+        async def on_message(incoming: AbstractIncomingMessage) -> None:
+            try:
+                message = QueueMessage.decode(incoming.body)
+            except (ValueError, KeyError, TypeError):
+                log.error("malformed_request_message queue=%s body=%r", name, incoming.body[:200])
+                await incoming.reject(requeue=False)
+                return
+            await handler(message, _RabbitDelivery(incoming))
+
+        await queue.consume(on_message)
+
+    async def depth(self, model: str, lane: Lane) -> int | None:
+        try:
+            channel = await self._channel()
+            name = requests_queue_name(self._prefix, model, lane)
+            queue = await channel.declare_queue(name, durable=True, arguments=QUEUE_ARGUMENTS)
+            return int(queue.declaration_result.message_count or 0)
+        except (Unavailable, AMQPError, OSError, RuntimeError):
+            return None
+
+    async def delete_queues(self, models: Sequence[str]) -> None:
+        """Remove this prefix's request queues (test clean-up)."""
+        channel = await self._channel()
+        for model in models:
+            for lane in Lane:
+                with contextlib.suppress(AMQPError):
+                    await channel.queue_delete(requests_queue_name(self._prefix, model, lane))
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(Exception):
+                await self._connection.close()

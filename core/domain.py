@@ -1,0 +1,295 @@
+"""Values that cross process boundaries: request states, queue and batch messages, results."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+import orjson
+
+
+class RequestState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset(
+    {RequestState.SUCCEEDED, RequestState.FAILED, RequestState.CANCELLED, RequestState.EXPIRED}
+)
+
+
+class Lane(StrEnum):
+    INTERACTIVE = "interactive"
+    BULK = "bulk"
+
+
+class BatchOutcome(StrEnum):
+    SUCCEEDED = "succeeded"  # every live item has a result (some may be per-item failures)
+    CRASHED = "crashed"  # the worker died or stalled past its lease; members were requeued
+    ABANDONED = "abandoned"  # dispatched but never started; members were requeued
+    CANCELLED = "cancelled"  # nothing left to run when it started
+
+
+class ErrorCode(StrEnum):
+    POISON = "poison"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    MODEL_ERROR = "model_error"
+    CANCELLED = "cancelled"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def to_epoch(value: datetime) -> float:
+    if value.tzinfo is None:  # SQLite hands back naive datetimes; we only ever store UTC
+        value = value.replace(tzinfo=UTC)
+    return value.timestamp()
+
+
+def from_epoch(value: float) -> datetime:
+    return datetime.fromtimestamp(value, UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitCommand:
+    """A validated request, ready to persist."""
+
+    id: uuid.UUID
+    tenant: str
+    model: str
+    lane: Lane
+    input: str | None
+    messages: list[dict[str, Any]] | None
+    params: dict[str, Any]
+    created_at: datetime
+    deadline: datetime
+    prompt_tokens: int
+    max_tokens: int
+    idempotency_key: str | None = None
+    fingerprint: str | None = None
+    webhook_url: str | None = None
+    metadata: dict[str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMessage:
+    """What travels on ``requests.<model>``: enough for the batcher to decide without a query."""
+
+    id: str
+    model: str
+    lane: Lane
+    tenant: str
+    created_at: float
+    deadline: float
+    prompt_tokens: int
+    max_tokens: int
+    group: str | None = None
+
+    def encode(self) -> bytes:
+        return orjson.dumps(
+            {
+                "id": self.id,
+                "model": self.model,
+                "lane": self.lane.value,
+                "tenant": self.tenant,
+                "created_at": self.created_at,
+                "deadline": self.deadline,
+                "prompt_tokens": self.prompt_tokens,
+                "max_tokens": self.max_tokens,
+                "group": self.group,
+            }
+        )
+
+    @classmethod
+    def decode(cls, body: bytes) -> QueueMessage:
+        data = orjson.loads(body)
+        return cls(
+            id=data["id"],
+            model=data["model"],
+            lane=Lane(data["lane"]),
+            tenant=data["tenant"],
+            created_at=float(data["created_at"]),
+            deadline=float(data["deadline"]),
+            prompt_tokens=int(data["prompt_tokens"]),
+            max_tokens=int(data["max_tokens"]),
+            group=data.get("group"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchItem:
+    """One request inside a batch, as the worker runs it."""
+
+    request_id: str
+    input: str | None
+    messages: list[dict[str, Any]] | None
+    params: dict[str, Any]
+    created_at: float
+    received_at: float  # when the batcher first saw it
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "input": self.input,
+            "messages": self.messages,
+            "params": self.params,
+            "created_at": self.created_at,
+            "received_at": self.received_at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class BatchMessage:
+    """A batch handed to a worker: its id fences every result it writes."""
+
+    batch_id: str
+    model: str
+    dispatched_at: float
+    estimated_s: float
+    items: tuple[BatchItem, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "batch_id": self.batch_id,
+            "model": self.model,
+            "dispatched_at": self.dispatched_at,
+            "estimated_s": self.estimated_s,
+            "items": [item.as_dict() for item in self.items],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BatchMessage:
+        return cls(
+            batch_id=data["batch_id"],
+            model=data["model"],
+            dispatched_at=float(data["dispatched_at"]),
+            estimated_s=float(data["estimated_s"]),
+            items=tuple(BatchItem(**item) for item in data["items"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ItemResult:
+    """A model's answer for one request, or the error that request alone earned."""
+
+    request_id: str
+    output: str | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error_code: str | None = None
+    error_message: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error_code is None
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    queued_ms: float
+    batch_wait_ms: float
+    model_ms: float
+    total_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """A request as the API shows it."""
+
+    id: uuid.UUID
+    tenant: str
+    model: str
+    lane: Lane
+    state: RequestState
+    created_at: datetime
+    deadline: datetime
+    attempts: int
+    batch_id: uuid.UUID | None
+    finished_at: datetime | None
+    output: str | None
+    finish_reason: str | None
+    error_code: str | None
+    error_message: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    timings: Timings | None
+    metadata: dict[str, str] | None
+    idempotency_key: str | None = None
+    fingerprint: str | None = None
+    webhook_url: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    """Published after commit whenever requests change state, to wake long-polls."""
+
+    request_ids: tuple[str, ...]
+    state: RequestState
+    batch_id: str | None = None
+    model: str | None = None
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "type": "state",
+            "ids": list(self.request_ids),
+            "state": self.state.value,
+            "batch_id": self.batch_id,
+            "model": self.model,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class BatchClosed:
+    """Published when a batch ends, however it ends: its slot is free again."""
+
+    model: str
+    batch_id: str
+    outcome: str
+    worker: str | None = None
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "type": "batch",
+            "model": self.model,
+            "batch_id": self.batch_id,
+            "outcome": self.outcome,
+            "worker": self.worker,
+        }
+
+
+Event = StateChange | BatchClosed
+
+
+def encode_event(event: Event) -> bytes:
+    return orjson.dumps(event.encode())
+
+
+def decode_event(body: bytes | str) -> Event:
+    data = orjson.loads(body)
+    if data["type"] == "batch":
+        return BatchClosed(
+            model=data["model"],
+            batch_id=data["batch_id"],
+            outcome=data["outcome"],
+            worker=data.get("worker"),
+        )
+    return StateChange(
+        request_ids=tuple(data["ids"]),
+        state=RequestState(data["state"]),
+        batch_id=data.get("batch_id"),
+        model=data.get("model"),
+    )

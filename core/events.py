@@ -1,0 +1,150 @@
+"""Change notifications: Redis pub/sub between processes, or in memory for the embedded mode.
+
+Notifications are hints, never the record: a subscriber that misses one (Redis restarting)
+reads Postgres instead, and ``healthy`` tells it when it must.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from core.domain import Event, decode_event, encode_event
+
+log = logging.getLogger("batchserve.events")
+
+Handler = Callable[[Event], None]
+
+
+class Subscription:
+    """A live subscription; ``healthy`` is False while notifications may be missed."""
+
+    def __init__(self) -> None:
+        self.healthy = False
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+
+class EventBus(ABC):
+    @abstractmethod
+    async def publish(self, event: Event) -> None:
+        """Best effort: a failure is logged, never raised."""
+
+    @abstractmethod
+    def subscribe(
+        self, handler: Handler, on_reconnect: Callable[[], None] | None = None
+    ) -> Subscription:
+        """Call ``handler`` for every event, from the running loop, until closed."""
+
+    async def close(self) -> None:
+        return None
+
+
+class MemoryEventBus(EventBus):
+    def __init__(self) -> None:
+        self._handlers: list[Handler] = []
+
+    async def publish(self, event: Event) -> None:
+        for handler in list(self._handlers):
+            try:
+                handler(event)
+            except Exception:  # a subscriber's bug must not fail the publisher
+                log.exception("event_handler_failed")
+
+    def subscribe(
+        self, handler: Handler, on_reconnect: Callable[[], None] | None = None
+    ) -> Subscription:
+        self._handlers.append(handler)
+        subscription = _MemorySubscription(self, handler)
+        subscription.healthy = True
+        return subscription
+
+
+class _MemorySubscription(Subscription):
+    def __init__(self, bus: MemoryEventBus, handler: Handler) -> None:
+        super().__init__()
+        self._bus = bus
+        self._handler = handler
+
+    async def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            self._bus._handlers.remove(self._handler)
+
+
+class RedisEventBus(EventBus):
+    def __init__(self, url: str, channel: str) -> None:
+        self.channel = channel
+        self._redis = aioredis.from_url(
+            url, socket_connect_timeout=2, socket_timeout=2, health_check_interval=5
+        )
+        # Subscribers hold a connection with no read timeout: pub/sub waits indefinitely.
+        self._sub_redis = aioredis.from_url(url, socket_connect_timeout=2, health_check_interval=5)
+        self._warned = False
+
+    async def publish(self, event: Event) -> None:
+        try:
+            await self._redis.publish(self.channel, encode_event(event))
+            self._warned = False
+        except (RedisError, OSError) as error:
+            if not self._warned:
+                log.warning("event_publish_failed error=%s", error)
+                self._warned = True
+
+    def subscribe(
+        self, handler: Handler, on_reconnect: Callable[[], None] | None = None
+    ) -> Subscription:
+        subscription = Subscription()
+        subscription._task = asyncio.create_task(self._listen(subscription, handler, on_reconnect))
+        return subscription
+
+    async def _listen(
+        self, subscription: Subscription, handler: Handler, on_reconnect: Callable[[], None] | None
+    ) -> None:
+        backoff_s = 0.1
+        while not subscription._closed:
+            pubsub = self._sub_redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.channel)
+                subscription.healthy = True
+                backoff_s = 0.1
+                if on_reconnect is not None:
+                    on_reconnect()
+                while True:
+                    message = await pubsub.get_message(timeout=5.0)
+                    if message is None:
+                        await pubsub.ping()
+                        continue
+                    if message.get("type") != "message":
+                        continue
+                    try:
+                        handler(decode_event(message["data"]))
+                    except Exception:
+                        log.exception("event_handler_failed")
+            except asyncio.CancelledError:
+                raise
+            except (RedisError, OSError) as error:
+                if subscription.healthy:
+                    log.warning("event_subscription_lost error=%s", error)
+                subscription.healthy = False
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, 2.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+        await self._sub_redis.aclose()

@@ -1,0 +1,39 @@
+"""The job store: the only code that changes request and batch state.
+
+Every write is conditional on the current state, and every result write on the batch that
+carries it, so a late, stale or duplicate attempt can never complete a request twice or revive
+one that was cancelled or expired. After each commit the store reports what changed through
+``on_change`` (long-polls wake on it, the batcher frees slots on it).
+"""
+
+from __future__ import annotations
+
+from core.store.base import (
+    Admission,
+    BatchStart,
+    ClaimedRequest,
+    ExpiredLease,
+    ItemOutcome,
+    OnChange,
+    Reaped,
+    advisory_key,
+)
+from core.store.batches import BatchVerbs
+from core.store.requests import RequestVerbs
+
+
+class JobStore(RequestVerbs, BatchVerbs):
+    """State changes of requests and batches, on Postgres or the embedded SQLite file."""
+
+
+__all__ = [
+    "Admission",
+    "BatchStart",
+    "ClaimedRequest",
+    "ExpiredLease",
+    "ItemOutcome",
+    "JobStore",
+    "OnChange",
+    "Reaped",
+    "advisory_key",
+]

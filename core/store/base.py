@@ -1,0 +1,139 @@
+"""Shared plumbing of the job store: the engine, change notifications, small helpers."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from core.db import is_postgres
+from core.domain import (
+    ErrorCode,
+    ItemResult,
+    QueueMessage,
+    RequestRecord,
+    RequestState,
+    StateChange,
+    Timings,
+    from_epoch,
+)
+from core.records import aware
+from core.tables import batches_table, requests_table
+
+requests_t = requests_table
+batches_t = batches_table
+
+OnChange = Callable[[StateChange], Awaitable[None]]
+S = RequestState
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The outcome of one submit: the stored request, and whether it was a replay."""
+
+    record: RequestRecord
+    replayed: bool
+    message: QueueMessage | None  # to publish; None for a replay
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRequest:
+    id: str
+    input: str | None
+    messages: list[dict[str, Any]] | None
+    params: dict[str, Any]
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStart:
+    """What a worker may run: the batch's attempt and the members still waiting for it."""
+
+    attempt: int
+    live_ids: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class ItemOutcome:
+    result: ItemResult
+    timings: Timings
+
+
+@dataclass(frozen=True, slots=True)
+class Reaped:
+    """Requests a reap or retry put back in the queue, and those it ended."""
+
+    requeued: tuple[QueueMessage, ...] = ()
+    failed: tuple[str, ...] = ()
+    expired: tuple[str, ...] = ()
+
+    @property
+    def ended(self) -> tuple[str, ...]:
+        return self.failed + self.expired
+
+    def merge(self, other: Reaped) -> Reaped:
+        return Reaped(
+            requeued=self.requeued + other.requeued,
+            failed=self.failed + other.failed,
+            expired=self.expired + other.expired,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredLease:
+    batch_id: uuid.UUID
+    model: str
+    started: bool
+
+
+def advisory_key(tenant: str, key: str) -> int:
+    digest = hashlib.blake2b(f"{tenant}\0{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+class StoreBase:
+    """The engine and the change callback every verb shares."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        max_failures: int = 3,
+        on_change: OnChange | None = None,
+    ) -> None:
+        self.engine = engine
+        self.max_failures = max_failures
+        self._on_change = on_change
+        self._postgres = is_postgres(engine)
+
+    def set_on_change(self, on_change: OnChange | None) -> None:
+        self._on_change = on_change
+
+    async def _emit(self, state: RequestState, ids: Iterable[str], **fields: Any) -> None:
+        ids = tuple(ids)
+        if ids and self._on_change is not None:
+            await self._on_change(StateChange(request_ids=ids, state=state, **fields))
+
+
+def expire_stmt(now: float, reason: str, from_state: RequestState = S.QUEUED) -> Any:
+    return (
+        update(requests_t)
+        .where(requests_t.c.state == from_state.value)
+        .values(
+            state=S.EXPIRED.value,
+            error_code=ErrorCode.DEADLINE_EXCEEDED.value,
+            error_message=reason,
+            finished_at=from_epoch(now),
+        )
+    )
+
+
+def epoch(value: Any) -> float:
+    dt = aware(value)
+    assert dt is not None
+    return dt.timestamp()

@@ -1,0 +1,392 @@
+"""Batch verbs of the job store: claim, start, lease, complete, reap, and requeue."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from core.db import transaction
+from core.domain import BatchOutcome, ErrorCode, RequestState, from_epoch
+from core.records import MESSAGE_COLUMNS, row_message
+from core.store.base import (
+    BatchStart,
+    ClaimedRequest,
+    ExpiredLease,
+    ItemOutcome,
+    Reaped,
+    S,
+    StoreBase,
+    batches_t,
+    epoch,
+    expire_stmt,
+    requests_t,
+)
+
+
+class BatchVerbs(StoreBase):
+    async def claim_batch(
+        self,
+        *,
+        batch_id: uuid.UUID,
+        model: str,
+        request_ids: Sequence[str],
+        now: float,
+        estimated_s: float,
+        lease_until: float,
+        isolation_group: str | None = None,
+    ) -> list[ClaimedRequest]:
+        """Move queued requests to running under a new batch; the rest are left alone."""
+        async with transaction(self.engine) as conn:
+            rows = (
+                (
+                    await conn.execute(
+                        update(requests_t)
+                        .where(
+                            requests_t.c.id.in_([uuid.UUID(i) for i in request_ids]),
+                            requests_t.c.state == S.QUEUED.value,
+                            requests_t.c.model == model,
+                        )
+                        .values(
+                            state=S.RUNNING.value,
+                            batch_id=batch_id,
+                            attempts=requests_t.c.attempts + 1,
+                        )
+                        .returning(
+                            requests_t.c.id,
+                            requests_t.c.input,
+                            requests_t.c.messages,
+                            requests_t.c.params,
+                            requests_t.c.created_at,
+                        )
+                    )
+                )
+                .mappings()
+                .all()
+            )
+            if not rows:
+                return []
+            await conn.execute(
+                insert(batches_t).values(
+                    id=batch_id,
+                    model=model,
+                    size=len(rows),
+                    attempt=0,
+                    isolation_group=isolation_group,
+                    estimated_ms=estimated_s * 1000.0,
+                    dispatched_at=from_epoch(now),
+                    lease_expires_at=from_epoch(lease_until),
+                )
+            )
+        claimed = [
+            ClaimedRequest(
+                id=str(r["id"]),
+                input=r["input"],
+                messages=r["messages"],
+                params=r["params"],
+                created_at=epoch(r["created_at"]),
+            )
+            for r in rows
+        ]
+        await self._emit(S.RUNNING, [c.id for c in claimed], batch_id=str(batch_id), model=model)
+        return claimed
+
+    async def start_batch(
+        self, batch_id: uuid.UUID, worker: str, now: float, lease_s: float
+    ) -> BatchStart | Reaped | None:
+        """Take the batch's lease and learn which members still wait for it.
+
+        ``None`` when the batch is finished, reaped, or held by a live worker (a duplicate
+        delivery). A batch started before whose lease has run out belonged to a worker that died:
+        it is reaped as crashed (members requeued in halves) rather than run again whole, and the
+        :class:`Reaped` says what to republish.
+        """
+        async with transaction(self.engine) as conn:
+            row = (
+                await conn.execute(
+                    update(batches_t)
+                    .where(
+                        batches_t.c.id == batch_id,
+                        batches_t.c.outcome.is_(None),
+                        (batches_t.c.attempt == 0)
+                        | (batches_t.c.lease_expires_at < from_epoch(now)),
+                    )
+                    .values(
+                        attempt=batches_t.c.attempt + 1,
+                        worker=worker,
+                        started_at=func.coalesce(batches_t.c.started_at, from_epoch(now)),
+                        lease_expires_at=from_epoch(now + lease_s),
+                    )
+                    .returning(batches_t.c.attempt)
+                )
+            ).first()
+            if row is None:
+                return None
+            attempt = int(row[0])
+            live = await conn.execute(
+                select(requests_t.c.id).where(
+                    requests_t.c.batch_id == batch_id, requests_t.c.state == S.RUNNING.value
+                )
+            )
+            live_ids = frozenset(str(r[0]) for r in live)
+        if attempt > 1:
+            return await self.reap_batch(batch_id, now=now, outcome=BatchOutcome.CRASHED)
+        return BatchStart(attempt=attempt, live_ids=live_ids)
+
+    async def renew_lease(
+        self, batch_id: uuid.UUID, worker: str, attempt: int, until: float
+    ) -> bool:
+        async with transaction(self.engine) as conn:
+            result = await conn.execute(
+                update(batches_t)
+                .where(
+                    batches_t.c.id == batch_id,
+                    batches_t.c.outcome.is_(None),
+                    batches_t.c.worker == worker,
+                    batches_t.c.attempt == attempt,
+                )
+                .values(lease_expires_at=from_epoch(until))
+            )
+        return bool(result.rowcount)
+
+    async def complete_batch(
+        self,
+        batch_id: uuid.UUID,
+        *,
+        attempt: int,
+        outcomes: Sequence[ItemOutcome],
+        failed_alone: Sequence[tuple[str, str]] = (),
+        now: float,
+        model_ms: float,
+        prompt_tokens: int = 0,
+        max_new_tokens: int = 0,
+        generated_tokens: int = 0,
+    ) -> Reaped | None:
+        """Write a batch's results in one transaction; ``None`` when this attempt is stale.
+
+        ``failed_alone`` lists members that made the model raise even when run alone (with the
+        error): each is charged a failure and requeued alone, or failed once its budget is spent.
+        """
+        now_dt = from_epoch(now)
+        async with transaction(self.engine) as conn:
+            closed = await conn.execute(
+                update(batches_t)
+                .where(
+                    batches_t.c.id == batch_id,
+                    batches_t.c.outcome.is_(None),
+                    batches_t.c.attempt == attempt,
+                )
+                .values(
+                    outcome=BatchOutcome.SUCCEEDED.value,
+                    finished_at=now_dt,
+                    model_ms=model_ms,
+                    prompt_tokens=prompt_tokens,
+                    max_new_tokens=max_new_tokens,
+                    generated_tokens=generated_tokens,
+                )
+            )
+            if not closed.rowcount:
+                return None
+            live = await self._lock_running(conn, batch_id)
+            rows = [result_row(o, now_dt) for o in outcomes if o.result.request_id in live]
+            if rows:
+                await conn.execute(
+                    update(requests_t)
+                    .where(
+                        requests_t.c.id == bindparam("b_id"),
+                        requests_t.c.batch_id == batch_id,
+                        requests_t.c.state == S.RUNNING.value,
+                    )
+                    .values({name: bindparam(f"b_{name}") for name in RESULT_FIELDS}),
+                    rows,
+                )
+            charged = Reaped()
+            for request_id, error in failed_alone:
+                if request_id in live:
+                    one = {request_id: live[request_id]}
+                    charged = charged.merge(await self._charge(conn, one, now=now, error=error))
+        by_state: dict[str, list[str]] = {}
+        for row in rows:
+            by_state.setdefault(row["b_state"], []).append(str(row["b_id"]))
+        for state, ids in by_state.items():
+            await self._emit(RequestState(state), ids, batch_id=str(batch_id))
+        await self._emit_reaped(charged)
+        return charged
+
+    async def retry_or_fail(
+        self, batch_id: uuid.UUID, request_id: str, *, now: float, error: str
+    ) -> Reaped:
+        """Charge a failure to a request that failed alone: requeue it alone, or fail it."""
+        async with transaction(self.engine) as conn:
+            live = await self._lock_running(conn, batch_id, [request_id])
+            reaped = await self._charge(conn, live, now=now, error=error) if live else Reaped()
+        await self._emit_reaped(reaped)
+        return reaped
+
+    async def reap_batch(self, batch_id: uuid.UUID, *, now: float, outcome: BatchOutcome) -> Reaped:
+        """Close a batch whose worker died (crashed) or never started it (abandoned).
+
+        Members still running go back to the queue: after a crash in halves, each half its own
+        isolation group, so a request that kills every batch it joins is cornered in about
+        ``2*log2(size)`` batches; a lone member is charged a failure.
+        """
+        async with transaction(self.engine) as conn:
+            closed = (
+                await conn.execute(
+                    update(batches_t)
+                    .where(batches_t.c.id == batch_id, batches_t.c.outcome.is_(None))
+                    .values(outcome=outcome.value, finished_at=from_epoch(now))
+                    .returning(batches_t.c.isolation_group)
+                )
+            ).first()
+            if closed is None:
+                return Reaped()
+            live = await self._lock_running(conn, batch_id)
+            if not live:
+                reaped = Reaped()
+            elif outcome is BatchOutcome.CRASHED and len(live) == 1:
+                reaped = await self._charge(conn, live, now=now, error="the worker died running it")
+            else:
+                if outcome is BatchOutcome.CRASHED:
+                    half = (len(live) + 1) // 2
+                    groups = {
+                        rid: f"{batch_id}:{0 if n < half else 1}" for n, rid in enumerate(live)
+                    }
+                else:
+                    groups = dict.fromkeys(live, closed[0])
+                reaped = await self._requeue(conn, groups, now=now)
+        await self._emit_reaped(reaped)
+        return reaped
+
+    async def expired_leases(self, now: float, limit: int = 100) -> list[ExpiredLease]:
+        """Open batches whose lease ran out (maintenance reaps them)."""
+        query = (
+            select(batches_t.c.id, batches_t.c.model, batches_t.c.attempt)
+            .where(batches_t.c.outcome.is_(None), batches_t.c.lease_expires_at < from_epoch(now))
+            .limit(limit)
+        )
+        async with transaction(self.engine) as conn:
+            rows = (await conn.execute(query)).all()
+        return [ExpiredLease(batch_id=r[0], model=r[1], started=r[2] > 0) for r in rows]
+
+    async def open_batches(self, model: str) -> list[tuple[uuid.UUID, float]]:
+        """Batches of a model not yet finished, with their lease expiry (batcher start-up)."""
+        query = select(batches_t.c.id, batches_t.c.lease_expires_at).where(
+            batches_t.c.model == model, batches_t.c.outcome.is_(None)
+        )
+        async with transaction(self.engine) as conn:
+            rows = (await conn.execute(query)).all()
+        return [(r[0], epoch(r[1])) for r in rows]
+
+    async def _lock_running(
+        self, conn: AsyncConnection, batch_id: uuid.UUID, only: Sequence[str] | None = None
+    ) -> dict[str, dict[str, Any]]:
+        query = select(
+            requests_t.c.id, requests_t.c.deadline, requests_t.c.failures, *MESSAGE_COLUMNS[1:]
+        ).where(requests_t.c.batch_id == batch_id, requests_t.c.state == S.RUNNING.value)
+        if only is not None:
+            query = query.where(requests_t.c.id.in_([uuid.UUID(i) for i in only]))
+        if self._postgres:
+            query = query.order_by(requests_t.c.id).with_for_update()
+        rows = (await conn.execute(query)).mappings().all()
+        return {str(r["id"]): dict(r) for r in rows}
+
+    async def _charge(
+        self, conn: AsyncConnection, live: dict[str, dict[str, Any]], *, now: float, error: str
+    ) -> Reaped:
+        ((request_id, row),) = live.items()
+        failures = row["failures"] + 1
+        if failures < self.max_failures and epoch(row["deadline"]) > now:
+            await conn.execute(
+                update(requests_t)
+                .where(requests_t.c.id == uuid.UUID(request_id))
+                .values(failures=failures)
+            )
+            return await self._requeue(conn, {request_id: f"solo:{request_id}"}, now=now)
+        await conn.execute(
+            update(requests_t)
+            .where(requests_t.c.id == uuid.UUID(request_id))
+            .values(
+                state=S.FAILED.value,
+                failures=failures,
+                error_code=ErrorCode.POISON.value,
+                error_message=f"failed alone {failures} time(s); last error: {error}"[:2000],
+                finished_at=from_epoch(now),
+            )
+        )
+        return Reaped(failed=(request_id,))
+
+    async def _requeue(
+        self, conn: AsyncConnection, groups: Mapping[str, str | None], *, now: float
+    ) -> Reaped:
+        ids = [uuid.UUID(i) for i in groups]
+        expired = await conn.execute(
+            expire_stmt(now, "deadline passed before a retry could run", from_state=S.RUNNING)
+            .where(requests_t.c.id.in_(ids), requests_t.c.deadline <= from_epoch(now))
+            .returning(requests_t.c.id)
+        )
+        ended = tuple(str(r[0]) for r in expired)
+        for group in set(groups.values()):
+            members = [uuid.UUID(i) for i, g in groups.items() if g == group and i not in ended]
+            if members:
+                await conn.execute(
+                    update(requests_t)
+                    .where(requests_t.c.id.in_(members), requests_t.c.state == S.RUNNING.value)
+                    .values(state=S.QUEUED.value, isolation_group=group, published_at=None)
+                )
+        rows = (
+            (
+                await conn.execute(
+                    select(*MESSAGE_COLUMNS).where(
+                        requests_t.c.id.in_(ids), requests_t.c.state == S.QUEUED.value
+                    )
+                )
+            )
+            .mappings()
+            .all()
+        )
+        return Reaped(requeued=tuple(row_message(r) for r in rows), expired=ended)
+
+    async def _emit_reaped(self, reaped: Reaped) -> None:
+        await self._emit(S.FAILED, reaped.failed)
+        await self._emit(S.EXPIRED, reaped.expired)
+        await self._emit(S.QUEUED, [m.id for m in reaped.requeued])
+
+
+RESULT_FIELDS = (
+    "state",
+    "output",
+    "finish_reason",
+    "error_code",
+    "error_message",
+    "prompt_tokens",
+    "completion_tokens",
+    "queued_ms",
+    "batch_wait_ms",
+    "model_ms",
+    "total_ms",
+    "finished_at",
+)
+
+
+def result_row(outcome: ItemOutcome, now: Any) -> dict[str, Any]:
+    result, timings = outcome.result, outcome.timings
+    state = S.SUCCEEDED if result.ok else S.FAILED
+    return {
+        "b_id": uuid.UUID(result.request_id),
+        "b_state": state.value,
+        "b_output": result.output,
+        "b_finish_reason": result.finish_reason,
+        "b_error_code": result.error_code,
+        "b_error_message": result.error_message,
+        "b_prompt_tokens": result.prompt_tokens,
+        "b_completion_tokens": result.completion_tokens,
+        "b_queued_ms": timings.queued_ms,
+        "b_batch_wait_ms": timings.batch_wait_ms,
+        "b_model_ms": timings.model_ms,
+        "b_total_ms": timings.total_ms,
+        "b_finished_at": now,
+    }

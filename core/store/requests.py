@@ -1,0 +1,327 @@
+"""Request verbs of the job store: admission with idempotency, reads, cancel, expiry."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from core.db import transaction
+from core.domain import (
+    ErrorCode,
+    QueueMessage,
+    RequestRecord,
+    RequestState,
+    SubmitCommand,
+    from_epoch,
+)
+from core.errors import IdempotencyConflict, IdempotencyInProgress, InvalidTransition, NotFound
+from core.records import (
+    MESSAGE_COLUMNS,
+    RECORD_COLUMNS,
+    command_message,
+    command_row,
+    row_message,
+    row_record,
+)
+from core.store.base import Admission, S, StoreBase, advisory_key, expire_stmt, requests_t
+
+
+class RequestVerbs(StoreBase):
+    async def submit(
+        self, commands: Sequence[SubmitCommand]
+    ) -> list[Admission | IdempotencyConflict | IdempotencyInProgress]:
+        """Persist new requests in one transaction, honouring their idempotency keys."""
+        outcomes: list[Admission | IdempotencyConflict | IdempotencyInProgress | None] = [
+            None
+        ] * len(commands)
+        async with transaction(self.engine) as conn:
+            to_insert = await self._lock_keys(conn, commands, outcomes)
+            inserted = await self._insert(conn, [commands[i] for i in to_insert])
+            replays = [i for i in to_insert if commands[i].id not in inserted]
+            existing = await self._existing_by_key(conn, [commands[i] for i in replays])
+        for i in to_insert:
+            cmd = commands[i]
+            if cmd.id in inserted:
+                outcomes[i] = Admission(_new_record(cmd), False, command_message(cmd))
+                continue
+            assert cmd.idempotency_key is not None
+            original = existing.get((cmd.tenant, cmd.idempotency_key))
+            if original is None:  # pruned between insert and read: treat as in use
+                outcomes[i] = IdempotencyInProgress("retry shortly")
+            elif original.fingerprint != cmd.fingerprint:
+                outcomes[i] = IdempotencyConflict(
+                    "this Idempotency-Key was used with a different request body"
+                )
+            else:
+                outcomes[i] = Admission(original, True, None)
+        return [o for o in outcomes if o is not None]
+
+    async def _lock_keys(
+        self,
+        conn: AsyncConnection,
+        commands: Sequence[SubmitCommand],
+        outcomes: list[Any],
+    ) -> list[int]:
+        """Indexes of commands to insert; a key another admission holds answers 409."""
+        seen: set[tuple[str, str]] = set()
+        keyed: list[int] = []
+        plain: list[int] = []
+        for i, cmd in enumerate(commands):
+            if cmd.idempotency_key is None:
+                plain.append(i)
+                continue
+            pair = (cmd.tenant, cmd.idempotency_key)
+            if pair in seen:
+                outcomes[i] = IdempotencyInProgress("a request with this key is being admitted")
+            else:
+                seen.add(pair)
+                keyed.append(i)
+        if keyed and self._postgres:
+            keys = [
+                advisory_key(commands[i].tenant, commands[i].idempotency_key or "") for i in keyed
+            ]
+            rows = await conn.execute(
+                text(
+                    "SELECT pg_try_advisory_xact_lock(k) FROM unnest(CAST(:keys AS bigint[])) AS k"
+                ),
+                {"keys": keys},
+            )
+            locked = [bool(r[0]) for r in rows]
+            for i, got in zip(list(keyed), locked, strict=True):
+                if not got:
+                    outcomes[i] = IdempotencyInProgress("a request with this key is being admitted")
+                    keyed.remove(i)
+        return sorted(plain + keyed)
+
+    async def _insert(
+        self, conn: AsyncConnection, commands: Sequence[SubmitCommand]
+    ) -> set[uuid.UUID]:
+        if not commands:
+            return set()
+        dialect_insert = pg_insert if self._postgres else sqlite_insert
+        stmt = (
+            dialect_insert(requests_t)
+            .on_conflict_do_nothing(index_elements=["tenant", "idempotency_key"])
+            .returning(requests_t.c.id)
+        )
+        result = await conn.execute(stmt, [command_row(c) for c in commands])
+        return {row[0] for row in result}
+
+    async def _existing_by_key(
+        self, conn: AsyncConnection, commands: Sequence[SubmitCommand]
+    ) -> dict[tuple[str, str], RequestRecord]:
+        found: dict[tuple[str, str], RequestRecord] = {}
+        for cmd in commands:
+            row = (
+                (
+                    await conn.execute(
+                        select(*RECORD_COLUMNS).where(
+                            requests_t.c.tenant == cmd.tenant,
+                            requests_t.c.idempotency_key == cmd.idempotency_key,
+                        )
+                    )
+                )
+                .mappings()
+                .first()
+            )
+            if row is not None:
+                record = row_record(row)
+                found[(record.tenant, cmd.idempotency_key or "")] = record
+        return found
+
+    async def mark_published(self, ids: Sequence[str], now: float | None = None) -> None:
+        if not ids:
+            return
+        async with transaction(self.engine) as conn:
+            await conn.execute(
+                update(requests_t)
+                .where(requests_t.c.id.in_([uuid.UUID(i) for i in ids]))
+                .where(requests_t.c.published_at.is_(None))
+                .values(published_at=from_epoch(now or time.time()))
+            )
+
+    # -- reads -------------------------------------------------------------------------
+
+    async def get(self, request_id: uuid.UUID, tenant: str | None = None) -> RequestRecord | None:
+        query = select(*RECORD_COLUMNS).where(requests_t.c.id == request_id)
+        if tenant is not None:
+            query = query.where(requests_t.c.tenant == tenant)
+        async with transaction(self.engine) as conn:
+            row = (await conn.execute(query)).mappings().first()
+        return row_record(row) if row else None
+
+    async def list_requests(
+        self,
+        tenant: str,
+        *,
+        limit: int,
+        before: uuid.UUID | None = None,
+        state: RequestState | None = None,
+        model: str | None = None,
+    ) -> list[RequestRecord]:
+        """Newest first; ``before`` is the cursor (the last id of the previous page)."""
+        query = select(*RECORD_COLUMNS).where(requests_t.c.tenant == tenant)
+        if before is not None:
+            query = query.where(requests_t.c.id < before)
+        if state is not None:
+            query = query.where(requests_t.c.state == state.value)
+        if model is not None:
+            query = query.where(requests_t.c.model == model)
+        query = query.order_by(requests_t.c.id.desc()).limit(limit)
+        async with transaction(self.engine) as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        return [row_record(r) for r in rows]
+
+    async def count_by_state(self, model: str | None = None) -> dict[str, int]:
+        query = select(requests_t.c.state, func.count()).group_by(requests_t.c.state)
+        if model is not None:
+            query = query.where(requests_t.c.model == model)
+        async with transaction(self.engine) as conn:
+            rows = (await conn.execute(query)).all()
+        return {state: count for state, count in rows}
+
+    # -- cancellation and expiry ---------------------------------------------------------
+
+    async def cancel(
+        self, request_id: uuid.UUID, tenant: str, now: float | None = None
+    ) -> RequestRecord:
+        """Cancel a queued or running request; its late result, if any, is discarded."""
+        now_dt = from_epoch(now or time.time())
+        async with transaction(self.engine) as conn:
+            row = (
+                (
+                    await conn.execute(
+                        update(requests_t)
+                        .where(
+                            requests_t.c.id == request_id,
+                            requests_t.c.tenant == tenant,
+                            requests_t.c.state.in_([S.QUEUED.value, S.RUNNING.value]),
+                        )
+                        .values(
+                            state=S.CANCELLED.value,
+                            error_code=ErrorCode.CANCELLED.value,
+                            error_message="cancelled by the caller",
+                            finished_at=now_dt,
+                        )
+                        .returning(*RECORD_COLUMNS)
+                    )
+                )
+                .mappings()
+                .first()
+            )
+        if row is not None:
+            record = row_record(row)
+            await self._emit(S.CANCELLED, [str(request_id)], model=record.model)
+            return record
+        current = await self.get(request_id, tenant)
+        if current is None:
+            raise NotFound(f"no request {request_id}")
+        if current.state is S.CANCELLED:
+            return current
+        raise InvalidTransition(f"request already {current.state.value}", state=current.state.value)
+
+    async def expire(self, request_ids: Sequence[str], now: float, reason: str) -> list[str]:
+        """Expire queued requests the batcher found unable to meet their deadline."""
+        if not request_ids:
+            return []
+        async with transaction(self.engine) as conn:
+            rows = await conn.execute(
+                expire_stmt(now, reason)
+                .where(requests_t.c.id.in_([uuid.UUID(i) for i in request_ids]))
+                .returning(requests_t.c.id)
+            )
+            expired = [str(r[0]) for r in rows]
+        await self._emit(S.EXPIRED, expired)
+        return expired
+
+    async def expire_overdue(self, now: float, limit: int = 1000) -> list[str]:
+        """Expire queued requests whose deadline has passed (maintenance)."""
+        overdue = (
+            select(requests_t.c.id)
+            .where(requests_t.c.state == S.QUEUED.value, requests_t.c.deadline < from_epoch(now))
+            .limit(limit)
+        )
+        if self._postgres:
+            overdue = overdue.with_for_update(skip_locked=True)
+        async with transaction(self.engine) as conn:
+            rows = await conn.execute(
+                expire_stmt(now, "deadline passed before the request could run")
+                .where(requests_t.c.id.in_(overdue.scalar_subquery()))
+                .returning(requests_t.c.id)
+            )
+            expired = [str(r[0]) for r in rows]
+        await self._emit(S.EXPIRED, expired)
+        return expired
+
+    async def unpublished(self, older_than: float, limit: int = 1000) -> list[QueueMessage]:
+        """Queued requests committed but never confirmed on the broker (maintenance)."""
+        query = (
+            select(*MESSAGE_COLUMNS)
+            .where(
+                requests_t.c.state == S.QUEUED.value,
+                requests_t.c.published_at.is_(None),
+                requests_t.c.created_at < from_epoch(older_than),
+            )
+            .order_by(requests_t.c.created_at)
+            .limit(limit)
+        )
+        async with transaction(self.engine) as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        return [row_message(r) for r in rows]
+
+    async def queued_messages(self, limit: int = 100_000) -> list[QueueMessage]:
+        """Every queued request, oldest first: what an in-process queue holds after a restart."""
+        query = (
+            select(*MESSAGE_COLUMNS)
+            .where(requests_t.c.state == S.QUEUED.value)
+            .order_by(requests_t.c.created_at)
+            .limit(limit)
+        )
+        async with transaction(self.engine) as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        return [row_message(r) for r in rows]
+
+    async def prune_idempotency(self, before: float) -> int:
+        async with transaction(self.engine) as conn:
+            result = await conn.execute(
+                update(requests_t)
+                .where(
+                    requests_t.c.idempotency_key.is_not(None),
+                    requests_t.c.created_at < from_epoch(before),
+                )
+                .values(idempotency_key=None)
+            )
+        return int(result.rowcount or 0)
+
+
+def _new_record(cmd: SubmitCommand) -> RequestRecord:
+    return RequestRecord(
+        id=cmd.id,
+        tenant=cmd.tenant,
+        model=cmd.model,
+        lane=cmd.lane,
+        state=S.QUEUED,
+        created_at=cmd.created_at,
+        deadline=cmd.deadline,
+        attempts=0,
+        batch_id=None,
+        finished_at=None,
+        output=None,
+        finish_reason=None,
+        error_code=None,
+        error_message=None,
+        prompt_tokens=None,
+        completion_tokens=None,
+        timings=None,
+        metadata=cmd.metadata,
+        idempotency_key=cmd.idempotency_key,
+        fingerprint=cmd.fingerprint,
+        webhook_url=cmd.webhook_url,
+    )

@@ -1,0 +1,142 @@
+"""ORM tables. Only the job store writes them."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    Uuid,
+)
+from sqlalchemy import text as sa_text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+REQUEST_STATES = "'queued','running','succeeded','failed','cancelled','expired'"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+def _ts(nullable: bool = True) -> Any:
+    return mapped_column(DateTime(timezone=True), nullable=nullable)
+
+
+class Request(Base):
+    """One client request, from admission to its single terminal state."""
+
+    __tablename__ = "requests"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64))
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    fingerprint: Mapped[str | None] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(128))
+    lane: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16))
+    input: Mapped[str | None] = mapped_column(Text)
+    messages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)
+    params: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    request_metadata: Mapped[dict[str, str] | None] = mapped_column("metadata", JSONType)
+    webhook_url: Mapped[str | None] = mapped_column(Text)
+    # Admission's estimate of the work: prompt tokens and the most it may generate.
+    est_prompt_tokens: Mapped[int] = mapped_column(Integer)
+    max_tokens: Mapped[int] = mapped_column(Integer)
+    deadline: Mapped[datetime] = _ts(nullable=False)
+    # Dispatches so far; failures charged to this request (the attempt budget counts these).
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    batch_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    # Requests requeued after a crash only share batches within their group, so a culprit
+    # can be cornered by halving.
+    isolation_group: Mapped[str | None] = mapped_column(String(80))
+    output: Mapped[str | None] = mapped_column(Text)
+    finish_reason: Mapped[str | None] = mapped_column(String(32))
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    queued_ms: Mapped[float | None] = mapped_column(Float)
+    batch_wait_ms: Mapped[float | None] = mapped_column(Float)
+    model_ms: Mapped[float | None] = mapped_column(Float)
+    total_ms: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = _ts(nullable=False)
+    published_at: Mapped[datetime | None] = _ts()
+    finished_at: Mapped[datetime | None] = _ts()
+
+    __table_args__ = (
+        UniqueConstraint("tenant", "idempotency_key"),
+        CheckConstraint(f"state IN ({REQUEST_STATES})", name="state"),
+        CheckConstraint("lane IN ('interactive','bulk')", name="lane"),
+        Index("ix_requests_tenant_id", "tenant", "id"),
+        Index("ix_requests_state_deadline", "state", "deadline"),
+        Index("ix_requests_batch_id", "batch_id"),
+        Index(
+            "ix_requests_unpublished",
+            "created_at",
+            postgresql_where=sa_text("published_at IS NULL AND state = 'queued'"),
+            sqlite_where=sa_text("published_at IS NULL AND state = 'queued'"),
+        ),
+    )
+
+
+class Batch(Base):
+    """One dispatch of a group of requests to a worker."""
+
+    __tablename__ = "batches"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    model: Mapped[str] = mapped_column(String(128))
+    size: Mapped[int] = mapped_column(Integer)
+    # Times a worker started this batch; a second start means the first one died.
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(255))
+    isolation_group: Mapped[str | None] = mapped_column(String(80))
+    estimated_ms: Mapped[float | None] = mapped_column(Float)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    max_new_tokens: Mapped[int | None] = mapped_column(Integer)
+    generated_tokens: Mapped[int | None] = mapped_column(Integer)
+    model_ms: Mapped[float | None] = mapped_column(Float)
+    dispatched_at: Mapped[datetime] = _ts(nullable=False)
+    started_at: Mapped[datetime | None] = _ts()
+    finished_at: Mapped[datetime | None] = _ts()
+    lease_expires_at: Mapped[datetime] = _ts(nullable=False)
+    outcome: Mapped[str | None] = mapped_column(String(16))
+
+    __table_args__ = (
+        Index("ix_batches_model_dispatched_at", "model", "dispatched_at"),
+        Index(
+            "ix_batches_open_lease",
+            "lease_expires_at",
+            postgresql_where=sa_text("outcome IS NULL"),
+            sqlite_where=sa_text("outcome IS NULL"),
+        ),
+    )
+
+
+# Typed handles for Core statements (the declarative classes type ``__table__`` loosely).
+requests_table = cast(Table, Request.__table__)
+batches_table = cast(Table, Batch.__table__)

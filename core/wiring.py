@@ -1,0 +1,75 @@
+"""Connect the adapters a process needs, from settings: servers, or the embedded defaults."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from core.broker import MemoryRequestQueue, RabbitRequestQueue, RequestQueue
+from core.db import create_engine
+from core.domain import Lane
+from core.events import EventBus, MemoryEventBus, RedisEventBus
+from core.settings import Settings
+from core.slots import MemorySlotDirectory, RedisSlotDirectory, SlotDirectory
+from core.store import JobStore
+from models.registry import Registry, load_registry
+
+
+@dataclass
+class Adapters:
+    settings: Settings
+    registry: Registry
+    engine: AsyncEngine
+    store: JobStore
+    queue: RequestQueue
+    events: EventBus
+    slots: SlotDirectory
+
+    async def close(self) -> None:
+        for closer in (self.queue.close, self.events.close):
+            with contextlib.suppress(Exception):
+                await closer()
+        if isinstance(self.slots, RedisSlotDirectory):
+            with contextlib.suppress(Exception):
+                await self.slots.close()
+        await self.engine.dispose()
+
+    async def check(self) -> dict[str, str]:
+        """Reachability of each backing server, for ``/readyz``."""
+        checks: dict[str, str] = {}
+        try:
+            async with self.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+            checks["database"] = "ok"
+        except Exception as error:
+            checks["database"] = f"unreachable: {type(error).__name__}"
+        if self.settings.embedded:
+            checks["broker"] = checks["events"] = "ok (in-process)"
+            return checks
+        names = self.registry.names()
+        depth = await self.queue.depth(names[0], Lane.INTERACTIVE) if names else 0
+        checks["broker"] = "ok" if depth is not None else "unreachable"
+        total = await self.slots.total_slots("__readyz__", 0.0)
+        checks["events"] = "ok" if total is not None else "unreachable"
+        return checks
+
+
+def connect(settings: Settings, *, pool_size: int = 10, events: EventBus | None = None) -> Adapters:
+    registry = load_registry(settings.models)
+    engine = create_engine(settings.effective_database_url, pool_size=pool_size)
+    queue: RequestQueue
+    slots: SlotDirectory
+    if settings.embedded:
+        events = events or MemoryEventBus()
+        queue = MemoryRequestQueue()
+        slots = MemorySlotDirectory()
+    else:
+        assert settings.broker_url and settings.redis_url
+        events = events or RedisEventBus(settings.redis_url, settings.name("events"))
+        queue = RabbitRequestQueue(settings.broker_url, settings.namespace)
+        slots = RedisSlotDirectory(settings.redis_url, settings.key_prefix)
+    store = JobStore(engine, max_failures=settings.max_failures, on_change=events.publish)
+    return Adapters(settings, registry, engine, store, queue, events, slots)

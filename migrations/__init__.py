@@ -1,0 +1,1 @@
+"""Alembic migrations; ``batchserve migrate`` runs them."""

@@ -1,0 +1,1 @@
+"""Model backends (fixed-latency, transformers, faulty) and the model registry."""

@@ -1,0 +1,33 @@
+"""What every model backend provides: run a batch, count tokens."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+from core.domain import BatchItem, ItemResult
+
+
+def prompt_text(input_text: str | None, messages: list[dict[str, Any]] | None) -> str:
+    """The text a model without a chat template answers: the input, or the last user message."""
+    if input_text is not None:
+        return input_text
+    for message in reversed(messages or []):
+        if message.get("role") == "user":
+            return str(message.get("content") or "")
+    return str((messages or [{}])[-1].get("content") or "")
+
+
+class Backend(ABC):
+    """A loaded model. ``run`` blocks; it may raise, which fails the batch as a whole."""
+
+    @abstractmethod
+    def run(self, items: Sequence[BatchItem]) -> list[ItemResult]:
+        """One result per item, in order."""
+
+    def count_tokens(self, input_text: str | None, messages: list[dict[str, Any]] | None) -> int:
+        return max(1, len(prompt_text(input_text, messages).split()))
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,81 @@
+"""The model registry: each model's backend, batching limits and options, from a TOML file."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+BACKENDS = ("fixed", "faulty", "transformers")
+POLICIES = ("timer", "greedy", "size-only", "adaptive")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One servable model. Requests for different models never share a batch."""
+
+    name: str
+    backend: str
+    max_batch_size: int = 32
+    max_batch_delay_ms: float = 10.0
+    max_batch_tokens: int | None = None
+    context_length: int = 8192
+    max_new_tokens: int = 4096
+    policy: str = "timer"
+    batch_time_ms: float = 100.0
+    slots: int = 1
+    description: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"model {self.name}: unknown backend {self.backend!r}")
+        if self.policy.split(":")[0] not in POLICIES:
+            raise ValueError(f"model {self.name}: unknown policy {self.policy!r}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"model {self.name}: max_batch_size must be at least 1")
+        if self.max_batch_delay_ms < 0:
+            raise ValueError(f"model {self.name}: max_batch_delay_ms must be >= 0")
+
+
+_KNOWN = {f for f in ModelSpec.__dataclass_fields__ if f not in ("name", "options")}
+
+
+class Registry:
+    def __init__(self, specs: dict[str, ModelSpec]) -> None:
+        self._specs = dict(specs)
+
+    def get(self, name: str) -> ModelSpec | None:
+        return self._specs.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def names(self) -> list[str]:
+        return sorted(self._specs)
+
+    def specs(self) -> list[ModelSpec]:
+        return [self._specs[n] for n in self.names()]
+
+
+def parse_registry(text: str) -> Registry:
+    data = tomllib.loads(text)
+    specs: dict[str, ModelSpec] = {}
+    for name, entry in data.get("models", {}).items():
+        known = {k: v for k, v in entry.items() if k in _KNOWN}
+        options = {k: v for k, v in entry.items() if k not in _KNOWN}
+        options.update(entry.get("options", {}))
+        options.pop("options", None)
+        specs[name] = ModelSpec(name=name, options=options, **known)
+    return Registry(specs)
+
+
+def load_registry(path: Path | None) -> Registry:
+    """The registry at ``path``, or the built-in one (``echo-100ms``, ``smollm2-135m``)."""
+    if path is None:
+        text = resources.files("models").joinpath("builtin.toml").read_text()
+    else:
+        text = Path(path).read_text()
+    return parse_registry(text)

@@ -1,0 +1,106 @@
+"""Shared fixtures. Unit tests need none of the servers; everything else isolates itself on them
+with its own database (cloned from a migrated template), queue and key namespace, and port."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from core.migrate import upgrade
+from core.settings import Settings
+from tests.support import servers
+from tests.support.stack import Stack
+
+TEST_MODELS = Path(__file__).parent / "models.toml"
+_counter = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def run_id() -> Iterator[str]:
+    run = servers.new_run_id()
+    yield run
+    servers.delete_queues(run)
+    servers.delete_redis_keys(run)
+
+
+@pytest.fixture(scope="session")
+def live_servers() -> None:
+    missing = [
+        f"{name} ({host}:{port})"
+        for name, host, port in (
+            ("PostgreSQL", "127.0.0.1", 5432),
+            ("RabbitMQ", "127.0.0.1", 5672),
+            ("Redis", "127.0.0.1", 6379),
+        )
+        if not servers.port_open(host, port)
+    ]
+    if missing:
+        pytest.fail(f"servers not running: {', '.join(missing)} (`make test` starts them)")
+
+
+@pytest.fixture(scope="session")
+def template_db(live_servers: None, run_id: str) -> Iterator[str]:
+    servers.drop_stale_databases()
+    name = f"{servers.DB_PREFIX}{run_id}_template"
+    servers.create_database(name)
+    upgrade(servers.pg_url(name))
+    yield name
+    servers.drop_database(name)
+
+
+@pytest.fixture
+def database_url(template_db: str, run_id: str) -> Iterator[str]:
+    name = f"{servers.DB_PREFIX}{run_id}_{next(_counter)}"
+    servers.create_database(name, template=template_db)
+    yield servers.pg_url(name)
+    servers.drop_database(name)
+
+
+@pytest.fixture
+def namespace(run_id: str) -> str:
+    return f"{run_id}n{next(_counter)}"
+
+
+def server_env(database_url: str, namespace: str, **overrides: str) -> dict[str, str]:
+    env = {
+        "BATCHSERVE_DATABASE_URL": database_url,
+        "BATCHSERVE_BROKER_URL": servers.BROKER_URL,
+        "BATCHSERVE_REDIS_URL": servers.REDIS_URL,
+        "BATCHSERVE_NAMESPACE": namespace,
+        "BATCHSERVE_MODELS": str(TEST_MODELS),
+        "BATCHSERVE_LOG_LEVEL": "INFO",
+        "BATCHSERVE_REPUBLISH_AFTER_S": "2",
+    }
+    env.update(overrides)
+    return env
+
+
+@pytest.fixture
+def settings(database_url: str, namespace: str) -> Settings:
+    env = server_env(database_url, namespace)
+    return Settings(**{k.removeprefix("BATCHSERVE_").lower(): v for k, v in env.items()})
+
+
+@pytest.fixture
+def stack(database_url: str, namespace: str, tmp_path: Path) -> Iterator[Stack]:
+    env = {**os.environ, **server_env(database_url, namespace)}
+    deployment = Stack(env=env, log_dir=tmp_path)
+    try:
+        yield deployment
+    finally:
+        deployment.stop_all()
+
+
+@pytest.fixture
+async def adapters(settings: Settings) -> AsyncIterator[object]:
+    from core.wiring import connect
+
+    connected = connect(settings, pool_size=4)
+    try:
+        yield connected
+    finally:
+        await connected.close()

@@ -1,0 +1,229 @@
+"""The job store's state changes, on real Postgres and on the embedded SQLite file."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from core.db import create_engine
+from core.domain import BatchOutcome, ItemResult, Lane, RequestState, SubmitCommand, Timings, utcnow
+from core.errors import IdempotencyConflict, IdempotencyInProgress, InvalidTransition
+from core.ids import uuid7
+from core.migrate import upgrade
+from core.store import Admission, ItemOutcome, JobStore, Reaped, advisory_key
+
+S = RequestState
+TIMINGS = Timings(1.0, 1.0, 100.0, 102.0)
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[JobStore]:
+    if request.param == "postgres":
+        url = request.getfixturevalue("database_url")
+    else:
+        url = f"sqlite+aiosqlite:///{tmp_path}/store.sqlite3"
+        upgrade(url)
+    engine = create_engine(url, pool_size=4)
+    yield JobStore(engine, max_failures=3)
+    await engine.dispose()
+
+
+def command(
+    text: str = "hi", *, key: str | None = None, fp: str | None = None, timeout_s: float = 600
+) -> SubmitCommand:
+    now = utcnow()
+    return SubmitCommand(
+        id=uuid7(),
+        tenant="t1",
+        model="echo-100ms",
+        lane=Lane.INTERACTIVE,
+        input=text,
+        messages=None,
+        params={"max_tokens": 16},
+        created_at=now,
+        deadline=now + timedelta(seconds=timeout_s),
+        prompt_tokens=1,
+        max_tokens=16,
+        idempotency_key=key,
+        fingerprint=fp or (text if key else None),
+    )
+
+
+async def submit(store: JobStore, *commands: SubmitCommand) -> list[str]:
+    outcomes = await store.submit(list(commands))
+    assert all(isinstance(o, Admission) for o in outcomes)
+    return [str(o.record.id) for o in outcomes if isinstance(o, Admission)]
+
+
+async def claim(store: JobStore, ids: list[str], now: float | None = None) -> uuid.UUID:
+    batch_id = uuid7()
+    now = now or time.time()
+    claimed = await store.claim_batch(
+        batch_id=batch_id,
+        model="echo-100ms",
+        request_ids=ids,
+        now=now,
+        estimated_s=0.1,
+        lease_until=now + 5,
+    )
+    assert claimed
+    return batch_id
+
+
+def ok(request_id: str, text: str = "out") -> ItemOutcome:
+    return ItemOutcome(
+        ItemResult(request_id=request_id, output=text, finish_reason="stop"), TIMINGS
+    )
+
+
+async def test_submit_then_read_and_list(store: JobStore) -> None:
+    ids = await submit(store, command("a"), command("b"), command("c"))
+    record = await store.get(uuid.UUID(ids[0]), "t1")
+    assert record is not None and record.state is S.QUEUED
+    assert await store.get(uuid.UUID(ids[0]), "someone-else") is None
+    first = await store.list_requests("t1", limit=2)
+    assert [str(r.id) for r in first] == [ids[2], ids[1]]
+    rest = await store.list_requests("t1", limit=2, before=first[-1].id)
+    assert [str(r.id) for r in rest] == [ids[0]]
+
+
+async def test_idempotency_replay_conflict_and_in_progress(store: JobStore) -> None:
+    [original] = await submit(store, command("x", key="k1"))
+    [replay] = await store.submit([command("x", key="k1")])
+    assert isinstance(replay, Admission) and replay.replayed and str(replay.record.id) == original
+    [conflict] = await store.submit([command("y", key="k1")])
+    assert isinstance(conflict, IdempotencyConflict)
+    first, twin = await store.submit([command("z", key="k2"), command("z", key="k2")])
+    assert isinstance(first, Admission) and not first.replayed
+    assert isinstance(twin, IdempotencyInProgress)
+
+
+async def test_key_held_by_another_admission_answers_in_progress(database_url: str) -> None:
+    engine = create_engine(database_url, pool_size=2)
+    store = JobStore(engine)
+    with psycopg.connect(database_url.replace("+psycopg", "")) as other:
+        other.execute("SELECT pg_advisory_xact_lock(%s)", (advisory_key("t1", "busy"),))
+        [outcome] = await store.submit([command("x", key="busy")])
+        assert isinstance(outcome, IdempotencyInProgress)
+    [outcome] = await store.submit([command("x", key="busy")])
+    assert isinstance(outcome, Admission)
+    await engine.dispose()
+
+
+async def test_results_are_fenced_by_batch_and_attempt(store: JobStore) -> None:
+    ids = await submit(store, command("a"), command("b"))
+    batch_id = await claim(store, ids)
+    start = await store.start_batch(batch_id, "w1", time.time(), 2.0)
+    assert start is not None and not isinstance(start, Reaped)
+    assert start.attempt == 1 and start.live_ids == set(ids)
+    stale = await store.complete_batch(
+        batch_id, attempt=2, outcomes=[ok(i) for i in ids], now=time.time(), model_ms=100
+    )
+    assert stale is None
+    done = await store.complete_batch(
+        batch_id, attempt=1, outcomes=[ok(i) for i in ids], now=time.time(), model_ms=100
+    )
+    assert done is not None
+    again = await store.complete_batch(
+        batch_id, attempt=1, outcomes=[ok(i, "twice") for i in ids], now=time.time(), model_ms=100
+    )
+    assert again is None
+    for i in ids:
+        record = await store.get(uuid.UUID(i))
+        assert record is not None and record.state is S.SUCCEEDED and record.output == "out"
+    assert await store.start_batch(batch_id, "w2", time.time(), 2.0) is None  # a late duplicate
+
+
+async def test_cancel_queued_never_runs_and_cancel_running_discards_result(store: JobStore) -> None:
+    queued, running = await submit(store, command("q"), command("r"))
+    cancelled = await store.cancel(uuid.UUID(queued), "t1")
+    assert cancelled.state is S.CANCELLED
+    batch_id = await claim(store, [running])
+    assert (
+        await store.claim_batch(
+            batch_id=uuid7(),
+            model="echo-100ms",
+            request_ids=[queued],
+            now=time.time(),
+            estimated_s=0.1,
+            lease_until=time.time() + 5,
+        )
+        == []
+    )
+    start = await store.start_batch(batch_id, "w1", time.time(), 2.0)
+    assert start is not None and not isinstance(start, Reaped)
+    await store.cancel(uuid.UUID(running), "t1")
+    await store.complete_batch(
+        batch_id, attempt=1, outcomes=[ok(running)], now=time.time(), model_ms=100
+    )
+    record = await store.get(uuid.UUID(running))
+    assert record is not None and record.state is S.CANCELLED and record.output is None
+    with pytest.raises(InvalidTransition):
+        [done] = await submit(store, command("d"))
+        b = await claim(store, [done])
+        await store.start_batch(b, "w1", time.time(), 2.0)
+        await store.complete_batch(b, attempt=1, outcomes=[ok(done)], now=time.time(), model_ms=1)
+        await store.cancel(uuid.UUID(done), "t1")
+
+
+async def test_overdue_queued_requests_expire_without_running(store: JobStore) -> None:
+    [short] = await submit(store, command("s", timeout_s=0.05))
+    [long] = await submit(store, command("l"))
+    expired = await store.expire_overdue(time.time() + 1)
+    assert expired == [short]
+    record = await store.get(uuid.UUID(short))
+    assert (
+        record is not None
+        and record.state is S.EXPIRED
+        and record.error_code == "deadline_exceeded"
+    )
+    assert (await store.get(uuid.UUID(long))).state is S.QUEUED  # type: ignore[union-attr]
+
+
+async def test_crashed_batch_requeues_members_in_halves(store: JobStore) -> None:
+    ids = await submit(store, *(command(f"r{i}") for i in range(4)))
+    batch_id = await claim(store, ids)
+    await store.start_batch(batch_id, "w1", time.time(), 0.01)
+    reaped = await store.reap_batch(batch_id, now=time.time() + 1, outcome=BatchOutcome.CRASHED)
+    groups: dict[str | None, list[str]] = {}
+    for m in reaped.requeued:
+        groups.setdefault(m.group, []).append(m.id)
+    assert sorted(len(g) for g in groups.values()) == [2, 2]
+    assert all(g is not None and g.startswith(str(batch_id)) for g in groups)
+    for i in ids:
+        assert (await store.get(uuid.UUID(i))).state is S.QUEUED  # type: ignore[union-attr]
+
+
+async def test_lone_crasher_is_charged_until_it_fails_as_poison(store: JobStore) -> None:
+    [culprit] = await submit(store, command("boom"))
+    for attempt in range(1, 4):
+        batch_id = await claim(store, [culprit])
+        await store.start_batch(batch_id, "w1", time.time(), 0.01)
+        reaped = await store.reap_batch(batch_id, now=time.time() + 1, outcome=BatchOutcome.CRASHED)
+        if attempt < 3:
+            assert [m.group for m in reaped.requeued] == [f"solo:{culprit}"]
+        else:
+            assert reaped.failed == (culprit,)
+    record = await store.get(uuid.UUID(culprit))
+    assert record is not None and record.state is S.FAILED and record.error_code == "poison"
+
+
+async def test_restart_of_a_dead_workers_batch_is_reaped_not_rerun(store: JobStore) -> None:
+    ids = await submit(store, command("a"), command("b"))
+    batch_id = await claim(store, ids)
+    await store.start_batch(batch_id, "w1", time.time(), 0.01)
+    again = await store.start_batch(batch_id, "w2", time.time() + 1, 2.0)
+    assert isinstance(again, Reaped) and len(again.requeued) == 2
+
+
+async def test_committed_but_unpublished_requests_are_found(store: JobStore) -> None:
+    published, lost = await submit(store, command("p"), command("l"))
+    await store.mark_published([published])
+    found = await store.unpublished(time.time() + 1)
+    assert [m.id for m in found] == [lost]

@@ -1,0 +1,1 @@
+"""Workers: the Celery app, the batch task, maintenance."""

@@ -1,0 +1,56 @@
+"""The Celery app: one durable quorum queue ``batches.<model>`` per model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from celery import Celery
+from kombu import Queue
+
+from core.settings import Settings
+
+RUN_BATCH_TASK = "batchserve.run_batch"
+
+
+def batches_queue_name(settings: Settings, model: str) -> str:
+    return settings.name("batches", model)
+
+
+def batches_queue(settings: Settings, model: str) -> Queue:
+    name = batches_queue_name(settings, model)
+    return Queue(name, routing_key=name, queue_arguments={"x-queue-type": "quorum"})
+
+
+def create_celery(settings: Settings, models: Iterable[str]) -> Celery:
+    """A Celery app for ``models``: late acks, prefetch 1, confirmed publishes, no results."""
+    if not settings.broker_url:
+        raise ValueError("Celery needs BATCHSERVE_BROKER_URL")
+    app = Celery("batchserve", broker=settings.broker_url, set_as_current=False)
+    app.conf.update(
+        task_queues=[batches_queue(settings, m) for m in models],
+        task_acks_late=True,
+        # A child killed mid-batch: the lease reaper requeues its requests (in halves), so the
+        # message itself is not redelivered as a whole.
+        task_reject_on_worker_lost=False,
+        task_acks_on_failure_or_timeout=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        task_serializer="json",
+        accept_content=["json"],
+        broker_transport_options={"confirm_publish": True},
+        broker_connection_retry_on_startup=True,
+        broker_heartbeat=10,
+        task_publish_retry_policy={
+            "max_retries": 2,
+            "interval_start": 0.1,
+            "interval_step": 0.2,
+            "interval_max": 0.5,
+        },
+        worker_enable_remote_control=False,
+        worker_send_task_events=False,
+        worker_hijack_root_logger=False,
+        worker_redirect_stdouts=False,
+        worker_detect_quorum_queues=True,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+    )
+    return app

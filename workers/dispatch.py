@@ -1,0 +1,74 @@
+"""Handing batches to workers: through Celery, or in-process for the embedded mode."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+from celery import Celery
+from kombu.exceptions import KombuError
+
+from core.domain import BatchMessage
+from core.errors import Unavailable
+from core.settings import Settings
+from workers.celery_app import RUN_BATCH_TASK, batches_queue
+from workers.runner import BatchRunner
+
+log = logging.getLogger("batchserve.dispatch")
+
+
+class CeleryDispatcher:
+    """Sends the batch task with a publisher confirm; kombu blocks, so a thread does it."""
+
+    def __init__(self, app: Celery, settings: Settings) -> None:
+        self._app = app
+        self._settings = settings
+        # One thread: kombu's producer pool is used serially, and batches go in order.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dispatch")
+
+    async def dispatch(self, message: BatchMessage, time_limit_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self._send, message, time_limit_s)
+        except (KombuError, OSError, ConnectionError) as error:
+            message_text = f"could not hand the batch to a worker: {error}"
+            raise Unavailable(message_text, component="broker") from error
+
+    def _send(self, message: BatchMessage, time_limit_s: float) -> None:
+        self._app.send_task(
+            RUN_BATCH_TASK,
+            args=[message.as_dict()],
+            queue=batches_queue(self._settings, message.model),
+            time_limit=time_limit_s,
+            task_id=message.batch_id,
+        )
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False)
+
+
+class InProcessDispatcher:
+    """The embedded mode's worker pool: each batch runs as a task of this event loop."""
+
+    def __init__(self, runners: dict[str, BatchRunner]) -> None:
+        self._runners = runners
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def dispatch(self, message: BatchMessage, time_limit_s: float) -> None:
+        task = asyncio.create_task(self._run(message))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, message: BatchMessage) -> None:
+        try:
+            await self._runners[message.model].run(message)
+        except Exception:
+            log.exception("batch_failed batch_id=%s", message.batch_id)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,124 @@
+"""Maintenance: reap expired leases, expire overdue requests, republish, prune old keys.
+
+Every step is a conditional write, so several maintenance processes may run at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from core.broker import RequestQueue
+from core.domain import BatchClosed, BatchOutcome
+from core.errors import Unavailable
+from core.events import EventBus
+from core.store import JobStore
+
+log = logging.getLogger("batchserve.maintenance")
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceConfig:
+    tick_s: float = 0.5
+    republish_after_s: float = 5.0
+    republish_every_s: float = 2.0
+    idempotency_retention_s: float = 86_400.0
+    prune_every_s: float = 3_600.0
+
+
+@dataclass(slots=True)
+class TickReport:
+    reaped_batches: int = 0
+    requeued: int = 0
+    expired: int = 0
+    republished: int = 0
+    pruned: int = 0
+
+
+class Maintenance:
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        queue: RequestQueue,
+        events: EventBus,
+        config: MaintenanceConfig | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._queue = queue
+        self._events = events
+        self.config = config or MaintenanceConfig()
+        self._clock = clock
+        self._last_republish = 0.0
+        self._last_prune = 0.0
+
+    async def run(self) -> None:
+        log.info("maintenance_started tick_s=%.2f", self.config.tick_s)
+        while True:
+            try:
+                report = await self.tick(self._clock())
+                if report.reaped_batches or report.expired or report.republished:
+                    log.info(
+                        "maintenance_tick reaped_batches=%d requeued=%d expired=%d republished=%d",
+                        report.reaped_batches,
+                        report.requeued,
+                        report.expired,
+                        report.republished,
+                    )
+            except Unavailable as error:
+                log.warning("maintenance_backoff error=%s", error)
+            except Exception:
+                log.exception("maintenance_tick_failed")
+            await asyncio.sleep(self.config.tick_s)
+
+    async def tick(self, now: float) -> TickReport:
+        report = TickReport()
+        await self.reap(now, report)
+        report.expired = len(await self._store.expire_overdue(now))
+        if now - self._last_republish >= self.config.republish_every_s:
+            self._last_republish = now
+            await self.republish(now, report)
+        if now - self._last_prune >= self.config.prune_every_s:
+            self._last_prune = now
+            report.pruned = await self._store.prune_idempotency(
+                now - self.config.idempotency_retention_s
+            )
+        return report
+
+    async def reap(self, now: float, report: TickReport) -> None:
+        for lease in await self._store.expired_leases(now):
+            outcome = BatchOutcome.CRASHED if lease.started else BatchOutcome.ABANDONED
+            reaped = await self._store.reap_batch(lease.batch_id, now=now, outcome=outcome)
+            log.warning(
+                "batch_reaped batch_id=%s model=%s outcome=%s requeued=%d ended=%d",
+                lease.batch_id,
+                lease.model,
+                outcome.value,
+                len(reaped.requeued),
+                len(reaped.ended),
+            )
+            report.reaped_batches += 1
+            report.requeued += len(reaped.requeued)
+            if reaped.requeued:
+                try:
+                    await self._queue.publish(reaped.requeued)
+                    await self._store.mark_published([m.id for m in reaped.requeued])
+                except Unavailable as error:
+                    log.warning("requeue_publish_failed error=%s (will republish)", error)
+            await self._events.publish(
+                BatchClosed(model=lease.model, batch_id=str(lease.batch_id), outcome=outcome.value)
+            )
+
+    async def republish(self, now: float, report: TickReport) -> None:
+        """Publish requests committed but never confirmed on the broker."""
+        messages = await self._store.unpublished(now - self.config.republish_after_s)
+        if not messages:
+            return
+        await self._queue.publish(messages)
+        await self._store.mark_published([m.id for m in messages], now=now)
+        report.republished = len(messages)
+        log.warning("republished count=%d", len(messages))
