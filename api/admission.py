@@ -31,11 +31,14 @@ class Admitter:
         queue: RequestQueue,
         *,
         max_group: int = 512,
+        max_inflight_flushes: int = 4,
         faults: frozenset[str] = frozenset(),
     ) -> None:
         self._store = store
         self._queue = queue
         self._max_group = max_group
+        self._flush_slots = asyncio.Semaphore(max_inflight_flushes)
+        self._flushes: set[asyncio.Task[None]] = set()
         self._faults = faults
         self._waiting: list[_Waiting] = []
         self._admitting: set[tuple[str, str]] = set()
@@ -53,7 +56,7 @@ class Admitter:
 
     async def stop(self) -> None:
         """Finish what is admitted, then stop."""
-        while self._waiting:
+        while self._waiting or self._flushes:
             await asyncio.sleep(0.01)
         for task in self._tasks:
             task.cancel()
@@ -81,13 +84,27 @@ class Admitter:
                 self._admitting.discard(key)
 
     async def _flush_forever(self) -> None:
+        """Start a flush whenever submits wait and a flush slot is free.
+
+        A few flushes run at once, so a submit never waits behind another's round trips at low
+        load; when every slot is busy, submits pile up and the next flush takes them together.
+        """
         while True:
             await self._kick.wait()
             self._kick.clear()
             while self._waiting:
+                await self._flush_slots.acquire()
                 group = self._waiting[: self._max_group]
                 del self._waiting[: self._max_group]
-                await self._flush(group)
+                task = asyncio.create_task(self._flush_released(group))
+                self._flushes.add(task)
+                task.add_done_callback(self._flushes.discard)
+
+    async def _flush_released(self, group: Sequence[_Waiting]) -> None:
+        try:
+            await self._flush(group)
+        finally:
+            self._flush_slots.release()
 
     async def _flush(self, group: Sequence[_Waiting]) -> None:
         try:

@@ -121,7 +121,12 @@ def _batchserve_error(request: Request, error: BatchserveError) -> Response:
 
 
 def _field(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    """``params.stop``, ``messages.0.content``: the field path, without pydantic's union tags."""
+    parts = [
+        str(p)
+        for p in loc
+        if isinstance(p, int) or (str(p).isidentifier() and p not in ("body", "query", "path"))
+    ]
     return ".".join(parts) or "body"
 
 
@@ -140,14 +145,14 @@ def _validation_error(request: Request, error: RequestValidationError) -> Respon
         first = next(e for e in raw if e.get("type") == "json_invalid")
         detail = f"the body is not valid JSON: {first.get('ctx', {}).get('error', 'parse error')}"
         return problem(400, "malformed_json", detail, instance=request.url.path)
-    errors = [
-        {
-            "field": _field(tuple(e.get("loc", ()))),
-            "message": e.get("msg", "invalid"),
-            "limit": _limit(e.get("ctx")),
-        }
-        for e in raw
-    ]
+    errors: list[dict[str, Any]] = []
+    for e in raw:
+        field = _field(tuple(e.get("loc", ())))
+        if any(seen["field"] == field for seen in errors):
+            continue  # one entry per field, not one per branch of a union
+        errors.append(
+            {"field": field, "message": e.get("msg", "invalid"), "limit": _limit(e.get("ctx"))}
+        )
     if errors and errors[0]["field"] == "body" and any(e.get("type") == "missing" for e in raw):
         detail = "a JSON body is required"
     else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from core.domain import RequestRecord
 
@@ -30,7 +30,7 @@ class GenerationParams(Strict):
     max_tokens: int = Field(default=256, ge=1, le=32_768)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    stop: list[StopText] | StopText | None = None
+    stop: Annotated[list[StopText], Field(max_length=MAX_STOP_SEQUENCES)] | StopText | None = None
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
 
     def stop_list(self) -> list[str]:
@@ -38,15 +38,10 @@ class GenerationParams(Strict):
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
-    @model_validator(mode="after")
-    def _few_stops(self) -> GenerationParams:
-        if isinstance(self.stop, list) and len(self.stop) > MAX_STOP_SEQUENCES:
-            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
-        return self
-
 
 class SubmitRequest(Strict):
-    """``POST /v1/requests``: exactly one of ``input`` and ``messages``."""
+    """``POST /v1/requests``: exactly one of ``input`` and ``messages`` (checked at admission,
+    so the problem names the field)."""
 
     model: Annotated[str, StringConstraints(min_length=1, max_length=128)]
     input: Annotated[str, StringConstraints(min_length=1)] | None = None
@@ -56,17 +51,7 @@ class SubmitRequest(Strict):
     deadline: datetime | None = None
     webhook_url: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = None
     lane: Literal["interactive", "bulk"] = "interactive"
-    metadata: dict[MetaKey, MetaValue] | None = None
-
-    @model_validator(mode="after")
-    def _one_prompt(self) -> SubmitRequest:
-        if (self.input is None) == (self.messages is None):
-            raise ValueError("give exactly one of `input` and `messages`")
-        if self.timeout_s is not None and self.deadline is not None:
-            raise ValueError("give at most one of `timeout_s` and `deadline`")
-        if self.metadata is not None and len(self.metadata) > MAX_METADATA_KEYS:
-            raise ValueError(f"at most {MAX_METADATA_KEYS} metadata keys")
-        return self
+    metadata: Annotated[dict[MetaKey, MetaValue], Field(max_length=MAX_METADATA_KEYS)] | None = None
 
 
 class Output(BaseModel):

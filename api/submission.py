@@ -95,6 +95,12 @@ def build_command(
     settings: Settings,
     now: datetime,
 ) -> SubmitCommand:
+    if body.input is None and body.messages is None:
+        raise InvalidInput("give one of `input` (text) and `messages` (chat)", field="input")
+    if body.input is not None and body.messages is not None:
+        raise InvalidInput("give only one of `input` and `messages`", field="messages")
+    if body.timeout_s is not None and body.deadline is not None:
+        raise InvalidInput("give at most one of `timeout_s` and `deadline`", field="deadline")
     spec = resolve_model(registry, body.model)
     params = body.params
     if params.max_tokens > spec.max_new_tokens:

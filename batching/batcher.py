@@ -116,9 +116,13 @@ class ModelBatcher:
     async def on_message(self, message: QueueMessage, delivery: Delivery) -> None:
         entry = self.pending.get(message.id)
         if entry is None:
+            received_at = self._clock()
+            # The batching delay counts from when the batcher first holds a request; one that
+            # was held before (a batcher died, a retry) has waited long enough already.
+            fresh = not delivery.redelivered and message.group is None
             pending = Pending(
                 id=message.id,
-                arrived_at=message.created_at,
+                arrived_at=received_at if fresh else message.created_at,
                 deadline=message.deadline,
                 lane=message.lane,
                 prompt_tokens=message.prompt_tokens,
@@ -126,7 +130,7 @@ class ModelBatcher:
                 group=message.group,
                 tenant=message.tenant,
             )
-            entry = self.pending[message.id] = _Entry(pending, self._clock())
+            entry = self.pending[message.id] = _Entry(pending, received_at)
         entry.deliveries.append(delivery)  # a duplicate (republished) joins its twin
         self._wake.set()
 

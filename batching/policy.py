@@ -2,8 +2,8 @@
 
 No I/O, no clock: the live batcher and the simulator call the same ``decide`` with numbers.
 A batch is formed only when a worker slot is free. It leaves when it is full, when its oldest
-request has waited ``max_batch_delay_s`` (measured from that request's arrival, never
-restarted), or when waiting longer would make a member miss its deadline. A request whose
+request has waited ``max_batch_delay_s`` (measured from that request's arrival at the batcher,
+never restarted), or when waiting longer would make a member miss its deadline. A request whose
 deadline cannot be met even if it were dispatched now is expired without running.
 """
 

@@ -35,6 +35,8 @@ def requests_queue_name(prefix: str, model: str, lane: Lane) -> str:
 
 
 class Delivery(ABC):
+    redelivered: bool = False  # delivered before (to a batcher that died, or republished)
+
     @abstractmethod
     async def ack(self) -> None:
         """Settle the message; a failure (channel gone) means it will be redelivered."""
@@ -103,10 +105,11 @@ class MemoryRequestQueue(RequestQueue):
 
 
 class _RabbitDelivery(Delivery):
-    __slots__ = ("_message",)
+    __slots__ = ("_message", "redelivered")
 
     def __init__(self, message: AbstractIncomingMessage) -> None:
         self._message = message
+        self.redelivered = bool(message.redelivered)
 
     async def ack(self) -> None:
         try:

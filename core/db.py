@@ -28,7 +28,6 @@ def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
-        pool_pre_ping=True,
         pool_recycle=1800,
         pool_timeout=10,
         connect_args=connect_args,

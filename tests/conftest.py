@@ -7,6 +7,7 @@ import itertools
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,7 +83,8 @@ def server_env(database_url: str, namespace: str, **overrides: str) -> dict[str,
 @pytest.fixture
 def settings(database_url: str, namespace: str) -> Settings:
     env = server_env(database_url, namespace)
-    return Settings(**{k.removeprefix("BATCHSERVE_").lower(): v for k, v in env.items()})
+    fields: dict[str, Any] = {k.removeprefix("BATCHSERVE_").lower(): v for k, v in env.items()}
+    return Settings(**fields)
 
 
 @pytest.fixture

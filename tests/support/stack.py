@@ -53,22 +53,28 @@ class Stack:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, name: str, *args: str) -> Role:
-        """Start a role (``api``, ``batcher``, ``worker``, ``maintenance``) under ``name``."""
+    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> Role:
+        """Start a role (``api``, ``batcher``, ``worker``, ``maintenance``) under ``name``.
+
+        Without ``args`` a known role restarts with the arguments it had."""
         role = self.roles.get(name)
-        log_path = self.log_dir / f"{name}.log"
-        if role is None:
+        log_path = self.log_dir / f"{name.replace(':', '_')}.log"
+        if role is None or args:
             role = Role(name, [sys.executable, "-m", "cli", *args], log_path)
             self.roles[name] = role
         log = open(role.log_path, "ab")  # noqa: SIM115 - the child owns it
         role.process = subprocess.Popen(
-            role.argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+            role.argv,
+            env={**self.env, **(env or {})},
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         log.close()
         return role
 
-    def start_api(self, name: str = "api") -> Role:
-        role = self.start(name, "api", "--host", "127.0.0.1", "--port", str(self.port))
+    def start_api(self, name: str = "api", env: dict[str, str] | None = None) -> Role:
+        role = self.start(name, "api", "--host", "127.0.0.1", "--port", str(self.port), env=env)
         self.wait_http()
         return role
 
@@ -99,7 +105,8 @@ class Stack:
         try:
             while time.monotonic() < give_up:
                 live = client.zrangebyscore(f"{prefix}.workers.{model}", time.time(), "+inf")
-                values = client.hmget(f"{prefix}.worker_slots.{model}", live) if live else []
+                names = [str(w, "utf-8") if isinstance(w, bytes) else str(w) for w in live]
+                values = client.hmget(f"{prefix}.worker_slots.{model}", names) if names else []
                 if sum(int(v) for v in values if v) >= slots:
                     return
                 time.sleep(0.1)

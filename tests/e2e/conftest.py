@@ -1,0 +1,64 @@
+"""End-to-end helpers: an HTTP client against a running stack, and terminal-state counting."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from tests.support.stack import Stack
+
+TERMINAL = {"succeeded", "failed", "cancelled", "expired"}
+
+
+@pytest.fixture
+async def http(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+    async with httpx.AsyncClient(base_url=stack.url, timeout=60, limits=limits) as client:
+        yield client
+
+
+async def wait_terminal(
+    client: httpx.AsyncClient, ids: Iterable[str], timeout_s: float = 60
+) -> dict[str, dict[str, Any]]:
+    """Long-poll each request until it is terminal; fails the test if one is not in time."""
+    give_up = time.monotonic() + timeout_s
+    results: dict[str, dict[str, Any]] = {}
+
+    async def one(request_id: str) -> None:
+        while time.monotonic() < give_up:
+            try:
+                response = await client.get(f"/v1/requests/{request_id}", params={"wait": 10})
+            except httpx.TransportError:
+                await asyncio.sleep(0.2)  # the API is restarting
+                continue
+            if response.status_code == 200 and response.json()["status"] in TERMINAL:
+                results[request_id] = response.json()
+                return
+            if response.status_code >= 500:
+                await asyncio.sleep(0.2)
+        raise AssertionError(f"request {request_id} not terminal after {timeout_s}s")
+
+    semaphore = asyncio.Semaphore(100)
+
+    async def bounded(request_id: str) -> None:
+        async with semaphore:
+            await one(request_id)
+
+    await asyncio.gather(*(bounded(i) for i in ids))
+    return results
+
+
+def db_rows(stack: Stack, sql: str, **params: Any) -> list[Any]:
+    url = stack.env["BATCHSERVE_DATABASE_URL"]
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(text(sql), params))
+    finally:
+        engine.dispose()
