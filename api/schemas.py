@@ -146,7 +146,7 @@ class ModelOut(BaseModel):
     owned_by: str = "batchserve"
     backend: str
     max_batch_size: int
-    max_batch_delay_ms: float
+    max_batch_delay_ms: float | None
     max_batch_tokens: int | None
     context_length: int
     max_new_tokens: int

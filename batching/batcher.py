@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from batching.estimate import BatchTimeEstimator, FixedBatchTime
-from batching.policy import Decision, Pending, PolicyConfig, decide, estimate_batch_s
+from batching.policy import Decision, Load, Pending, PolicyConfig, decide, estimate_batch_s
+from batching.rate import RateMeter
 from core.broker import Delivery, RequestQueue
 from core.domain import (
     BatchClosed,
@@ -33,6 +34,7 @@ from core.domain import (
 from core.errors import Unavailable
 from core.events import EventBus, Subscription
 from core.ids import uuid7
+from core.loadboard import LoadBoard, LoadSnapshot
 from core.slots import SlotDirectory
 from core.store import JobStore
 from models.registry import ModelSpec
@@ -61,13 +63,16 @@ class BatcherConfig:
     bulk_prefetch: int = 256
     slot_refresh_s: float = 0.25
     reconcile_s: float = 1.0
+    publish_load_s: float = 0.1
+    queue_depth_s: float = 1.0
+    rate_tau_s: float = 1.0
 
 
 def policy_config(spec: ModelSpec) -> PolicyConfig:
     return PolicyConfig(
         kind=spec.policy,
         max_batch_size=spec.max_batch_size,
-        max_batch_delay_s=spec.max_batch_delay_ms / 1000.0,
+        max_batch_delay_s=spec.batch_delay_ms / 1000.0,
         max_batch_tokens=spec.max_batch_tokens,
     )
 
@@ -89,6 +94,7 @@ class ModelBatcher:
         events: EventBus,
         config: BatcherConfig | None = None,
         estimator: BatchTimeEstimator | None = None,
+        loadboard: LoadBoard | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.spec = spec
@@ -100,10 +106,14 @@ class ModelBatcher:
         self._dispatcher = dispatcher
         self._slots = slots
         self._events = events
+        self._loadboard = loadboard
         self._clock = clock
         self.pending: dict[str, _Entry] = {}
-        self.inflight: dict[uuid.UUID, float] = {}  # batch id -> dispatched at
+        self.inflight: dict[uuid.UUID, float] = {}  # batch id -> expected end
         self.total_slots = 0
+        self.rate = RateMeter(self.config.rate_tau_s)
+        self.last_dispatch_at = float("-inf")
+        self._queued = {Lane.INTERACTIVE: 0, Lane.BULK: 0}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._subscription: Subscription | None = None
@@ -131,6 +141,8 @@ class ModelBatcher:
                 tenant=message.tenant,
             )
             entry = self.pending[message.id] = _Entry(pending, received_at)
+            if fresh:
+                self.rate.observe(received_at)
         entry.deliveries.append(delivery)  # a duplicate (republished) joins its twin
         self._wake.set()
 
@@ -147,7 +159,8 @@ class ModelBatcher:
     async def start(self) -> None:
         now = self._clock()
         for batch_id, _lease in await self._store.open_batches(self.spec.name):
-            self.inflight[batch_id] = now  # a previous batcher's batches still hold their slots
+            # A previous batcher's batches still hold their slots.
+            self.inflight[batch_id] = now + self._unit_batch_s()
         self._subscription = self._events.subscribe(self.on_event, on_reconnect=self._wake.set)
         await self._refresh_slots()
         cfg = self.config
@@ -158,7 +171,12 @@ class ModelBatcher:
         self._tasks = [
             asyncio.create_task(self._every(cfg.slot_refresh_s, self._refresh_slots)),
             asyncio.create_task(self._every(cfg.reconcile_s, self._reconcile)),
+            asyncio.create_task(self._every(cfg.queue_depth_s, self._refresh_queue_depth)),
         ]
+        if self._loadboard is not None:
+            self._tasks.append(
+                asyncio.create_task(self._every(cfg.publish_load_s, self._publish_load))
+            )
         log.info(
             "batcher_started model=%s policy=%s max_batch_size=%d inflight=%d",
             self.spec.name,
@@ -190,6 +208,7 @@ class ModelBatcher:
                     free_slots,
                     self.policy,
                     self.estimator,
+                    self.load(now),
                 )
                 try:
                     await self._apply(decision, now)
@@ -203,6 +222,17 @@ class ModelBatcher:
                 timeout = None if decision.wake_at is None else max(0.0, decision.wake_at - now)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+
+    def load(self, now: float) -> Load:
+        return Load(
+            arrival_rate=self.rate.rate(now),
+            busy_until=tuple(self.inflight.values()),
+            last_dispatch_at=self.last_dispatch_at,
+        )
+
+    def _unit_batch_s(self) -> float:
+        """The estimate for a batch of one typical request (the admission estimate)."""
+        return estimate_batch_s((Pending(id="", arrived_at=0.0, deadline=0.0),), self.estimator)
 
     async def stop(self) -> None:
         self._stopping = True
@@ -259,7 +289,8 @@ class ModelBatcher:
                 for c in claimed
             ),
         )
-        self.inflight[batch_id] = now
+        self.inflight[batch_id] = now + estimated_s
+        self.last_dispatch_at = now
         try:
             await self._dispatcher.dispatch(message, time_limit_s(estimated_s))
         except Unavailable as error:
@@ -315,13 +346,47 @@ class ModelBatcher:
         missed (Redis down, batch reaped) and count batches another batcher dispatched (after a
         standby takes over)."""
         started = self._clock()
+        known = set(self.inflight)
         open_now = {batch_id for batch_id, _ in await self._store.open_batches(self.spec.name)}
-        freed = [b for b, at in self.inflight.items() if b not in open_now and at < started]
+        # Batches dispatched while the query ran are not in its answer yet: leave them be.
+        dispatched_since = set(self.inflight) - known
+        freed = [b for b in self.inflight if b not in open_now and b not in dispatched_since]
         for batch_id in freed:
             self.inflight.pop(batch_id, None)
         for batch_id in open_now - self.inflight.keys() - self._recently_closed.keys():
-            self.inflight[batch_id] = started
+            self.inflight[batch_id] = started + self._unit_batch_s()
         horizon = started - 60.0
         self._recently_closed = {b: t for b, t in self._recently_closed.items() if t > horizon}
         if freed:
             self._wake.set()
+
+    async def _refresh_queue_depth(self) -> None:
+        for lane in Lane:
+            depth = await self._queue.depth(self.spec.name, lane)
+            if depth is not None:
+                self._queued[lane] = depth
+
+    async def _publish_load(self) -> None:
+        assert self._loadboard is not None
+        now = self._clock()
+        busy = sorted(max(now, t) for t in self.inflight.values())
+        idle = max(0, self.total_slots - len(busy))
+        by_lane = {Lane.INTERACTIVE: 0, Lane.BULK: 0}
+        for entry in self.pending.values():
+            by_lane[entry.pending.lane] += 1
+        await self._loadboard.publish(
+            LoadSnapshot(
+                model=self.spec.name,
+                at=now,
+                slots=self.total_slots,
+                slot_free_at=tuple([now] * idle + busy[: self.total_slots]),
+                pending_interactive=by_lane[Lane.INTERACTIVE],
+                pending_bulk=by_lane[Lane.BULK],
+                queued_interactive=self._queued[Lane.INTERACTIVE],
+                queued_bulk=self._queued[Lane.BULK],
+                batch_s=self._unit_batch_s(),
+                max_batch_size=self.policy.max_batch_size,
+                max_batch_delay_s=min(self.policy.max_batch_delay_s, self._unit_batch_s()),
+                arrival_rate=self.rate.rate(now),
+            )
+        )

@@ -9,6 +9,7 @@ deadline cannot be met even if it were dispatched now is expired without running
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -42,7 +43,10 @@ class Pending:
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
-    kind: str = "timer"
+    """``timer`` waits up to ``max_batch_delay_s``; ``adaptive`` treats it as a ceiling (and
+    never waits longer than one batch time); ``greedy`` and ``size-only`` ignore it."""
+
+    kind: str = "adaptive"
     max_batch_size: int = 32
     max_batch_delay_s: float = 0.010
     max_batch_tokens: int | None = None
@@ -50,6 +54,15 @@ class PolicyConfig:
     def __post_init__(self) -> None:
         if self.kind not in POLICY_KINDS:
             raise ValueError(f"unknown policy {self.kind!r}; one of {', '.join(POLICY_KINDS)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """What the adaptive rule reads besides the pending requests."""
+
+    arrival_rate: float = 0.0  # requests/s, recently observed
+    busy_until: tuple[float, ...] = ()  # expected end of each batch now running
+    last_dispatch_at: float = -math.inf  # when the latest batch left
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,22 +80,30 @@ def decide(
     free_slots: int,
     config: PolicyConfig,
     estimator: BatchTimeEstimator,
+    load: Load | None = None,
 ) -> Decision:
     """What to do at ``now``: see the module docstring for the rules."""
-    expire, alive = _split_unmeetable(pending, now, estimator)
+    load = load or Load()
+    expire, alive, wake_at = _split_unmeetable(pending, now, estimator)
     batches: list[tuple[Pending, ...]] = []
-    wake_at = _earliest_unmeetable(alive, estimator)
     for group in _groups_in_order(alive):
         remaining = list(group)
         while remaining and free_slots > len(batches):
             batch, full = _fill(remaining, config)
-            leave_at = float("-inf") if full else _leave_at(batch, config, estimator)
+            slots = free_slots + len(load.busy_until)
+            leave_at = (
+                float("-inf")
+                if full
+                else _leave_at(batch, now, config, estimator, load, total_slots=slots)
+            )
             if leave_at > now:
                 wake_at = _min(wake_at, leave_at)
                 break
             batches.append(tuple(batch))
             taken = {p.id for p in batch}
             remaining = [p for p in remaining if p.id not in taken]
+    if wake_at is not None and math.isinf(wake_at):
+        wake_at = None  # nothing but an arrival or a free slot can change the answer
     return Decision(batches=tuple(batches), expire=tuple(expire), wake_at=wake_at)
 
 
@@ -98,22 +119,30 @@ def estimate_batch_s(batch: Sequence[Pending], estimator: BatchTimeEstimator) ->
 
 def _split_unmeetable(
     pending: Sequence[Pending], now: float, estimator: BatchTimeEstimator
-) -> tuple[list[Pending], list[Pending]]:
+) -> tuple[list[Pending], list[Pending], float | None]:
+    """Requests to expire, requests still meetable, and when the first of those stops being.
+
+    A request expires just after the last moment it could be dispatched alone and still
+    finish by its deadline.
+    """
     expire: list[Pending] = []
     alive: list[Pending] = []
+    earliest = math.inf
+    alone_s: dict[tuple[int, int], float] = {}  # one estimate per request shape
     for p in pending:
-        (expire if now >= _expires_at(p, estimator) else alive).append(p)
-    return expire, alive
-
-
-def _expires_at(p: Pending, estimator: BatchTimeEstimator) -> float:
-    """Just after the last moment ``p`` could be dispatched alone and finish by its deadline."""
-    return p.deadline - estimate_batch_s((p,), estimator) + _EXPIRY_SLACK_S
-
-
-def _earliest_unmeetable(alive: Sequence[Pending], estimator: BatchTimeEstimator) -> float | None:
-    """When the first pending request stops being meetable, so it is expired on time."""
-    return min((_expires_at(p, estimator) for p in alive), default=None)
+        if math.isinf(p.deadline):
+            alive.append(p)
+            continue
+        shape = (p.prompt_tokens, p.max_tokens)
+        if shape not in alone_s:
+            alone_s[shape] = estimate_batch_s((p,), estimator)
+        expires_at = p.deadline - alone_s[shape] + _EXPIRY_SLACK_S
+        if now >= expires_at:
+            expire.append(p)
+        else:
+            alive.append(p)
+            earliest = min(earliest, expires_at)
+    return expire, alive, (None if math.isinf(earliest) else earliest)
 
 
 def _order_key(p: Pending) -> tuple[int, float, str]:
@@ -156,12 +185,17 @@ def _fill(ordered: Sequence[Pending], config: PolicyConfig) -> tuple[list[Pendin
 
 
 def _leave_at(
-    batch: Sequence[Pending], config: PolicyConfig, estimator: BatchTimeEstimator
+    batch: Sequence[Pending],
+    now: float,
+    config: PolicyConfig,
+    estimator: BatchTimeEstimator,
+    load: Load,
+    *,
+    total_slots: int,
 ) -> float:
     """The earliest time this partial batch should leave; at or before ``now`` means go."""
     if batch[0].group is not None:
         return float("-inf")  # a retry group never waits for company it may not have
-    oldest = min(p.arrived_at for p in batch)
     run_s = estimate_batch_s(batch, estimator)
     # Latest moment that still lets every member finish by its deadline.
     deadline_risk = min(p.deadline for p in batch) - run_s
@@ -169,7 +203,40 @@ def _leave_at(
         return float("-inf")
     if config.kind == "size-only":
         return deadline_risk
-    return min(oldest + config.max_batch_delay_s, deadline_risk)
+    oldest = min(p.arrived_at for p in batch)
+    if config.kind == "timer":
+        return min(oldest + config.max_batch_delay_s, deadline_risk)
+    # Adaptive: never hold a request longer than one batch time (or the configured ceiling).
+    ceiling = oldest + min(config.max_batch_delay_s, run_s)
+    adaptive = _adaptive_leave_at(len(batch), run_s, load, total_slots, config.max_batch_size)
+    return min(adaptive, ceiling, deadline_risk)
+
+
+def _adaptive_leave_at(
+    size: int, run_s: float, load: Load, total_slots: int, max_batch_size: int
+) -> float:
+    """Pace partial batches one slot-period apart, and fill them when the load needs it.
+
+    Pacing: with ``W`` slots each busy ``run_s`` per batch, a slot frees every ``run_s / W`` in
+    steady state. Letting batches leave at most that often keeps the slots staggered, so a
+    newcomer never waits much longer than one period for the next departure; sending every
+    small batch at once instead (greedy) ties up all slots together and makes the next
+    arrivals wait a whole batch time. At low load the last departure is long past and a batch
+    goes at once.
+
+    Filling: keeping up needs batches of ``rate * run_s / W`` on average; near saturation a
+    smaller partial batch wastes capacity the queue will miss, so it waits to reach that size.
+    """
+    slots = max(1, total_slots)
+    paced = load.last_dispatch_at + run_s / slots
+    needed = load.arrival_rate * run_s / slots
+    if needed < _FILL_FROM * max_batch_size or size >= needed:
+        return paced
+    return float("inf")  # an arrival (or the ceiling) will change the answer
+
+
+# Fill partial batches only when keeping up needs batches at least this full on average.
+_FILL_FROM = 0.8
 
 
 def _min(a: float | None, b: float) -> float:

@@ -56,6 +56,7 @@ class EmbeddedStack:
                 slots=self.adapters.slots,
                 events=self.adapters.events,
                 config=batcher_config(settings),
+                loadboard=self.adapters.loadboard,
             )
             for spec in specs
         ]

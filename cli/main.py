@@ -133,6 +133,13 @@ def submit(
     typer.echo(json.dumps(request, indent=2))
 
 
+from cli.analysis import capacity as _capacity  # noqa: E402
+from cli.analysis import simulate as _simulate  # noqa: E402
+
+app.command("simulate")(_simulate)
+app.command("capacity")(_capacity)
+
+
 def main() -> None:
     app(prog_name="batchserve")
 

@@ -73,6 +73,7 @@ async def run_batcher(settings: Settings, models: list[str] | None) -> None:
             slots=adapters.slots,
             events=adapters.events,
             config=batcher_config(settings),
+            loadboard=adapters.loadboard,
         )
         for spec in specs
     ]
@@ -106,7 +107,7 @@ def run_api(settings: Settings, host: str, port: int) -> None:
         port=port,
         log_config=None,
         access_log=False,
-        loop="uvloop",
+        loop="asyncio",
         http="httptools",
         timeout_graceful_shutdown=10,
     )

@@ -127,6 +127,7 @@ class RabbitRequestQueue(RequestQueue):
         self._publish_channel: AbstractChannel | None = None
         self._declared: set[str] = set()
         self._lock = asyncio.Lock()
+        self._channel_lock = asyncio.Lock()
 
     async def _connect(self) -> AbstractRobustConnection:
         if self._connection is None or self._connection.is_closed:
@@ -145,10 +146,14 @@ class RabbitRequestQueue(RequestQueue):
         return self._connection
 
     async def _channel(self) -> AbstractChannel:
-        if self._publish_channel is None or self._publish_channel.is_closed:
-            connection = await self._connect()
-            self._publish_channel = await connection.channel(publisher_confirms=True)
-        return self._publish_channel
+        channel = self._publish_channel
+        if channel is not None and not channel.is_closed:
+            return channel
+        connection = await self._connect()
+        async with self._channel_lock:  # concurrent publishers share one confirmed channel
+            if self._publish_channel is None or self._publish_channel.is_closed:
+                self._publish_channel = await connection.channel(publisher_confirms=True)
+            return self._publish_channel
 
     async def declare(self, channel: AbstractChannel, name: str) -> None:
         if name not in self._declared:

@@ -12,6 +12,7 @@ from core.broker import MemoryRequestQueue, RabbitRequestQueue, RequestQueue
 from core.db import create_engine
 from core.domain import Lane
 from core.events import EventBus, MemoryEventBus, RedisEventBus
+from core.loadboard import LoadBoard, MemoryLoadBoard, RedisLoadBoard
 from core.settings import Settings
 from core.slots import MemorySlotDirectory, RedisSlotDirectory, SlotDirectory
 from core.store import JobStore
@@ -27,9 +28,10 @@ class Adapters:
     queue: RequestQueue
     events: EventBus
     slots: SlotDirectory
+    loadboard: LoadBoard
 
     async def close(self) -> None:
-        for closer in (self.queue.close, self.events.close):
+        for closer in (self.queue.close, self.events.close, self.loadboard.close):
             with contextlib.suppress(Exception):
                 await closer()
         if isinstance(self.slots, RedisSlotDirectory):
@@ -62,14 +64,17 @@ def connect(settings: Settings, *, pool_size: int = 10, events: EventBus | None 
     engine = create_engine(settings.effective_database_url, pool_size=pool_size)
     queue: RequestQueue
     slots: SlotDirectory
+    loadboard: LoadBoard
     if settings.embedded:
         events = events or MemoryEventBus()
         queue = MemoryRequestQueue()
         slots = MemorySlotDirectory()
+        loadboard = MemoryLoadBoard()
     else:
         assert settings.broker_url and settings.redis_url
         events = events or RedisEventBus(settings.redis_url, settings.name("events"))
         queue = RabbitRequestQueue(settings.broker_url, settings.namespace)
         slots = RedisSlotDirectory(settings.redis_url, settings.key_prefix)
+        loadboard = RedisLoadBoard(settings.redis_url, settings.key_prefix)
     store = JobStore(engine, max_failures=settings.max_failures, on_change=events.publish)
-    return Adapters(settings, registry, engine, store, queue, events, slots)
+    return Adapters(settings, registry, engine, store, queue, events, slots, loadboard)

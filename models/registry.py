@@ -19,11 +19,13 @@ class ModelSpec:
     name: str
     backend: str
     max_batch_size: int = 32
-    max_batch_delay_ms: float = 10.0
+    # The timer policy's delay (default 10 ms); for the adaptive policy a ceiling (default:
+    # one batch time, so the policy decides).
+    max_batch_delay_ms: float | None = None
     max_batch_tokens: int | None = None
     context_length: int = 8192
     max_new_tokens: int = 4096
-    policy: str = "timer"
+    policy: str = "adaptive"
     batch_time_ms: float = 100.0
     slots: int = 1
     description: str = ""
@@ -36,8 +38,15 @@ class ModelSpec:
             raise ValueError(f"model {self.name}: unknown policy {self.policy!r}")
         if self.max_batch_size < 1:
             raise ValueError(f"model {self.name}: max_batch_size must be at least 1")
-        if self.max_batch_delay_ms < 0:
+        if self.max_batch_delay_ms is not None and self.max_batch_delay_ms < 0:
             raise ValueError(f"model {self.name}: max_batch_delay_ms must be >= 0")
+
+    @property
+    def batch_delay_ms(self) -> float:
+        """The delay the policy works with: the timer's wait, or the adaptive ceiling."""
+        if self.max_batch_delay_ms is not None:
+            return self.max_batch_delay_ms
+        return 10.0 if self.policy == "timer" else float("inf")
 
 
 _KNOWN = {f for f in ModelSpec.__dataclass_fields__ if f not in ("name", "options")}

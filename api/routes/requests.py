@@ -10,12 +10,13 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query
 
+from api.deadlines import refuse_if_hopeless
 from api.deps import Services, Tenant
 from api.responses import JSON
 from api.schemas import RequestList, RequestOut, SubmitRequest, dump
 from api.submission import build_command
-from core.domain import RequestRecord, RequestState, utcnow
-from core.errors import InvalidInput, NotFound
+from core.domain import RequestRecord, RequestState, SubmitCommand, to_epoch, utcnow
+from core.errors import DeadlineUnmeetable, InvalidInput, NotFound
 
 router = APIRouter(prefix="/v1/requests", tags=["requests"])
 
@@ -35,18 +36,40 @@ async def submit_request(
     idempotency_key: IdempotencyKey = None,
 ) -> JSON:
     """Accept a request for batched inference and answer at once with its id."""
+    now = utcnow()
     command = build_command(
         body,
         tenant=tenant,
         idempotency_key=idempotency_key,
         registry=services.adapters.registry,
         settings=services.settings,
-        now=utcnow(),
+        now=now,
     )
+    try:
+        await refuse_if_hopeless(services.adapters.loadboard, command, to_epoch(now))
+    except DeadlineUnmeetable:
+        # A retry of a request we already accepted gets its original answer, not a refusal.
+        original = await _original(services, command)
+        if original is None:
+            raise
+        return _accepted(original, replayed=True)
     admission = await services.admitter.submit(command)
-    record = admission.record
+    return _accepted(admission.record, replayed=admission.replayed)
+
+
+async def _original(services: Services, command: SubmitCommand) -> RequestRecord | None:
+    if command.idempotency_key is None:
+        return None
+    store = services.adapters.store
+    original = await store.get_by_idempotency_key(command.tenant, command.idempotency_key)
+    if original is None or original.fingerprint != command.fingerprint:
+        return None
+    return original
+
+
+def _accepted(record: RequestRecord, *, replayed: bool) -> JSON:
     headers = {"Location": f"/v1/requests/{record.id}"}
-    if admission.replayed:
+    if replayed:
         headers["Idempotent-Replayed"] = "true"
     return JSON(dump(RequestOut.of(record)), status_code=202, headers=headers)
 

@@ -157,6 +157,14 @@ class RequestVerbs(StoreBase):
             row = (await conn.execute(query)).mappings().first()
         return row_record(row) if row else None
 
+    async def get_by_idempotency_key(self, tenant: str, key: str) -> RequestRecord | None:
+        query = select(*RECORD_COLUMNS).where(
+            requests_t.c.tenant == tenant, requests_t.c.idempotency_key == key
+        )
+        async with transaction(self.engine) as conn:
+            row = (await conn.execute(query)).mappings().first()
+        return row_record(row) if row else None
+
     async def list_requests(
         self,
         tenant: str,

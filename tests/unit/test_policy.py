@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from batching.estimate import FixedBatchTime
-from batching.policy import Pending, PolicyConfig, decide
+from batching.policy import Load, Pending, PolicyConfig, decide
 from core.domain import Lane
 
 T = FixedBatchTime(0.100)
@@ -129,3 +129,32 @@ def test_policy_modules_import_no_io_libraries() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+ADAPTIVE = PolicyConfig(kind="adaptive", max_batch_size=32, max_batch_delay_s=1.0)
+
+
+def test_adaptive_paces_partial_batches_one_slot_period_apart() -> None:
+    # 4 slots, 100 ms batches: a slot frees every 25 ms in steady state.
+    load = Load(arrival_rate=100.0, busy_until=(0.09,), last_dispatch_at=-0.01)
+    pending = [req("A", 0.000)]
+    decision = decide(pending, 0.000, 3, ADAPTIVE, T, load)
+    assert decision.batches == () and decision.wake_at == pytest.approx(0.015)
+    assert decision.wake_at is not None
+    assert len(decide(pending, decision.wake_at, 3, ADAPTIVE, T, load).batches) == 1
+
+
+def test_adaptive_goes_at_once_when_nothing_left_recently() -> None:
+    load = Load(arrival_rate=10.0, last_dispatch_at=-5.0)
+    assert len(decide([req("A", 0.0)], 0.0, 4, ADAPTIVE, T, load).batches) == 1
+
+
+def test_adaptive_fills_partial_batches_near_saturation() -> None:
+    # One slot, 300/s arriving: keeping up needs 30 a batch; 10 waiting is not enough yet.
+    load = Load(arrival_rate=300.0, last_dispatch_at=-1.0)
+    pending = [req(f"r{i}", 0.0) for i in range(10)]
+    assert decide(pending, 0.005, 1, ADAPTIVE, T, load).batches == ()
+    pending += [req(f"s{i}", 0.005) for i in range(21)]
+    assert len(decide(pending, 0.01, 1, ADAPTIVE, T, load).batches[0]) == 31
+    # ... and never holds anyone longer than one batch time.
+    assert len(decide(pending[:10], 0.1, 1, ADAPTIVE, T, load).batches) == 1

@@ -1,0 +1,122 @@
+"""The batcher's published view of its load, which the API reads to refuse hopeless deadlines.
+
+Every ~100 ms the active batcher of each model publishes a :class:`LoadSnapshot` (Redis key
+with a short TTL, or in memory for the embedded mode). Admission reads it to estimate when a
+new request would finish; a missing or stale snapshot means "don't know" and admits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+
+import orjson
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSnapshot:
+    model: str
+    at: float
+    slots: int
+    slot_free_at: tuple[float, ...]  # per live slot: now if idle, else its batch's expected end
+    pending_interactive: int
+    pending_bulk: int
+    queued_interactive: int  # still in the broker, not yet held by the batcher
+    queued_bulk: int
+    batch_s: float
+    max_batch_size: int
+    max_batch_delay_s: float
+    arrival_rate: float
+
+    def encode(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def decode(cls, body: bytes | str) -> LoadSnapshot:
+        data = orjson.loads(body)
+        data["slot_free_at"] = tuple(data["slot_free_at"])
+        return cls(**data)
+
+    def ahead_of(self, bulk: bool) -> int:
+        """Requests a new one would queue behind: interactive go before bulk."""
+        ahead = self.pending_interactive + self.queued_interactive
+        return ahead + self.pending_bulk + self.queued_bulk if bulk else ahead
+
+
+class LoadBoard(ABC):
+    @abstractmethod
+    async def publish(self, snapshot: LoadSnapshot) -> None: ...
+
+    @abstractmethod
+    async def read(self, model: str) -> LoadSnapshot | None: ...
+
+    async def close(self) -> None:
+        return None
+
+
+class MemoryLoadBoard(LoadBoard):
+    def __init__(self) -> None:
+        self._snapshots: dict[str, LoadSnapshot] = {}
+
+    async def publish(self, snapshot: LoadSnapshot) -> None:
+        self._snapshots[snapshot.model] = snapshot
+
+    async def read(self, model: str) -> LoadSnapshot | None:
+        return self._snapshots.get(model)
+
+
+class RedisLoadBoard(LoadBoard):
+    """Snapshots in Redis. Readers keep a local copy that a background task refreshes every
+    ``refresh_s`` (one MGET for all models), so admission never waits on Redis."""
+
+    def __init__(
+        self, url: str, prefix: str, *, ttl_s: float = 2.0, refresh_s: float = 0.1
+    ) -> None:
+        self._redis = aioredis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+        self._prefix = prefix
+        self._ttl_ms = int(ttl_s * 1000)
+        self._refresh_s = refresh_s
+        self._local: dict[str, LoadSnapshot] = {}
+        self._watched: set[str] = set()
+        self._refresher: asyncio.Task[None] | None = None
+
+    def _key(self, model: str) -> str:
+        return f"{self._prefix}.load.{model}"
+
+    async def publish(self, snapshot: LoadSnapshot) -> None:
+        # On failure admission falls back to admitting; the batcher tries again shortly.
+        with contextlib.suppress(RedisError, OSError):
+            await self._redis.set(self._key(snapshot.model), snapshot.encode(), px=self._ttl_ms)
+
+    async def read(self, model: str) -> LoadSnapshot | None:
+        if model not in self._watched:
+            self._watched.add(model)
+            await self._refresh()
+        if self._refresher is None:
+            self._refresher = asyncio.create_task(self._refresh_forever())
+        return self._local.get(model)
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._refresh_s)
+            await self._refresh()
+
+    async def _refresh(self) -> None:
+        models = sorted(self._watched)
+        try:
+            bodies = await self._redis.mget([self._key(m) for m in models])
+        except (RedisError, OSError):
+            self._local.clear()  # stale load is worse than none: admit while Redis is away
+            return
+        self._local = {m: LoadSnapshot.decode(b) for m, b in zip(models, bodies, strict=True) if b}
+
+    async def close(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+        await self._redis.aclose()

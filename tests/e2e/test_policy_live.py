@@ -1,0 +1,108 @@
+"""The live batcher runs the simulator's policy; admission refuses hopeless deadlines early."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import statistics
+from datetime import datetime
+
+import httpx
+import pytest
+
+from batching.batcher import policy_config
+from batching.estimate import FixedBatchTime
+from batching.simulator import Arrival, simulate
+from cli.loadgen import open_loop, poisson_schedule
+from models.registry import load_registry
+from tests.conftest import TEST_MODELS
+from tests.e2e.conftest import db_rows, wait_terminal
+from tests.support.stack import Stack
+
+ECHO = "echo-100ms"
+
+
+def received_at(result: dict[str, object]) -> float:
+    created = datetime.fromisoformat(str(result["created_at"])).timestamp()
+    return created + float(result["timings"]["queued_ms"]) / 1000.0  # type: ignore[index]
+
+
+@pytest.mark.parametrize("rate", [100.0, 220.0])
+async def test_live_mean_batch_matches_the_simulator(
+    stack: Stack, http: httpx.AsyncClient, rate: float
+) -> None:
+    stack.start_all({ECHO: 1})
+    await wait_terminal(
+        http,
+        [(await http.post("/v1/requests", json={"model": ECHO, "input": "warm"})).json()["id"]],
+    )
+    load = await open_loop(
+        stack.url,
+        poisson_schedule(rate, duration_s=6.0, seed=int(rate)),
+        lambda i: {"model": ECHO, "input": f"load {i}"},
+    )
+    assert load.errors == 0 and len(load.accepted) == len(load.submitted)
+    ids = [s.request_id for s in load.accepted if s.request_id]
+    results = await wait_terminal(http, ids, timeout_s=120)
+    assert all(r["status"] == "succeeded" for r in results.values())
+    batch_ids = {r["batch_id"] for r in results.values()}
+    rows = db_rows(
+        stack,
+        "SELECT id, size, extract(epoch FROM dispatched_at), extract(epoch FROM finished_at) "
+        "FROM batches ORDER BY dispatched_at",
+    )
+    window = [r for r in rows if str(r[0]) in batch_ids]
+    live_mean = statistics.mean(r[1] for r in window)
+    # The live cycle is the model's 100 ms plus dispatch and result overheads: give the
+    # simulated worker the cycle the live one had when it ran back to back.
+    cycles = [
+        float(b[2]) - float(a[2])
+        for a, b in itertools.pairwise(window)
+        if float(b[2]) - float(a[3]) < 0.05
+    ]
+    cycle_s = statistics.median(cycles) if cycles else 0.1
+    spec = load_registry(TEST_MODELS).get(ECHO)
+    assert spec is not None
+    arrivals = [Arrival(received_at(r), request_id) for request_id, r in results.items()]
+    simulated = simulate(
+        arrivals,
+        workers=1,
+        config=policy_config(spec),
+        estimator=FixedBatchTime(spec.batch_time_ms / 1000.0),
+        run_time=lambda _batch: cycle_s,
+    )
+    print(
+        f"\n{rate:.0f}/s: live mean batch {live_mean:.1f} over {len(window)} batches, "
+        f"simulated {simulated.mean_batch:.1f} (cycle {cycle_s * 1000:.0f} ms)"
+    )
+    assert live_mean == pytest.approx(simulated.mean_batch, rel=0.2)
+
+
+async def test_a_hopeless_deadline_is_refused_at_admission(
+    stack: Stack, http: httpx.AsyncClient
+) -> None:
+    stack.start_all({ECHO: 1})
+    backlog = await open_loop(
+        stack.url, [0.0] * 960, lambda i: {"model": ECHO, "input": f"backlog {i}"}
+    )
+    assert len(backlog.accepted) == 960
+    await asyncio.sleep(0.5)  # the batcher publishes its load every 100 ms
+    hopeless = await http.post(
+        "/v1/requests", json={"model": ECHO, "input": "now!", "timeout_s": 0.5}
+    )
+    assert hopeless.status_code == 503, hopeless.text
+    assert hopeless.headers["content-type"].startswith("application/problem+json")
+    assert int(hopeless.headers["retry-after"]) >= 1
+    problem = hopeless.json()
+    assert problem["code"] == "deadline_unmeetable" and problem["field"] == "deadline"
+    assert (
+        problem["estimated_s"] > 0.5 and "deadline" in problem and "estimated_completion" in problem
+    )
+    patient = await http.post(
+        "/v1/requests", json={"model": ECHO, "input": "later", "timeout_s": 60}
+    )
+    assert patient.status_code == 202
+    accepted = [s.request_id for s in backlog.accepted if s.request_id] + [patient.json()["id"]]
+    results = await wait_terminal(http, accepted, timeout_s=120)
+    assert all(r["status"] == "succeeded" for r in results.values())
+    assert db_rows(stack, "SELECT count(*) FROM requests")[0][0] == len(accepted)
