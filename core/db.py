@@ -22,6 +22,7 @@ def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_async_engine(url, connect_args={"timeout": 30})
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        event.listen(engine.sync_engine, "begin", _sqlite_begin_immediate)
         return engine
     connect_args: dict[str, Any] = {"connect_timeout": 5, "application_name": "batchserve"}
     return create_async_engine(
@@ -35,12 +36,20 @@ def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # Let SQLAlchemy's "begin" event open transactions (pysqlite would defer them itself).
+    dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+
+
+def _sqlite_begin_immediate(conn: Any) -> None:
+    """Take SQLite's write lock when a transaction starts, so the store's read-then-write
+    transactions serialize like Postgres row locks would make them (SQLite has no FOR UPDATE)."""
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def is_postgres(engine: AsyncEngine) -> bool:

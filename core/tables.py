@@ -8,6 +8,7 @@ from typing import Any, cast
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     CheckConstraint,
     DateTime,
     Float,
@@ -137,6 +138,27 @@ class Batch(Base):
     )
 
 
+class RequestEvent(Base):
+    """Every terminal transition, appended in the transaction that makes it.
+
+    A request has exactly one row here in a correct world; the chaos suite counts them to prove
+    that nothing was answered twice. It is also the request's audit trail.
+    """
+
+    __tablename__ = "request_events"
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    request_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    state: Mapped[str] = mapped_column(String(16))
+    batch_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    at: Mapped[datetime] = _ts(nullable=False)
+
+    __table_args__ = (Index("ix_request_events_request_id", "request_id"),)
+
+
 # Typed handles for Core statements (the declarative classes type ``__table__`` loosely).
 requests_table = cast(Table, Request.__table__)
 batches_table = cast(Table, Batch.__table__)
+events_table = cast(Table, RequestEvent.__table__)

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from cli.deployment import Stack
 from core.migrate import upgrade
 from core.settings import Settings
 from tests.support import servers
-from tests.support.stack import Stack
 
 TEST_MODELS = Path(__file__).parent / "models.toml"
 _counter = itertools.count(1)

@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import update
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import insert, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from core.db import is_postgres
 from core.domain import (
@@ -23,10 +23,11 @@ from core.domain import (
     from_epoch,
 )
 from core.records import aware
-from core.tables import batches_table, requests_table
+from core.tables import batches_table, events_table, requests_table
 
 requests_t = requests_table
 batches_t = batches_table
+events_t = events_table
 
 OnChange = Callable[[StateChange], Awaitable[None]]
 S = RequestState
@@ -113,6 +114,23 @@ class StoreBase:
 
     def set_on_change(self, on_change: OnChange | None) -> None:
         self._on_change = on_change
+
+    @staticmethod
+    async def _log_terminal(
+        conn: AsyncConnection,
+        ids: Iterable[str],
+        state: RequestState,
+        now: float,
+        batch_id: uuid.UUID | None = None,
+    ) -> None:
+        """Append terminal transitions, in the transaction that makes them."""
+        at = from_epoch(now)
+        rows = [
+            {"request_id": uuid.UUID(i), "state": state.value, "batch_id": batch_id, "at": at}
+            for i in ids
+        ]
+        if rows:
+            await conn.execute(insert(events_t), rows)
 
     async def _emit(self, state: RequestState, ids: Iterable[str], **fields: Any) -> None:
         ids = tuple(ids)

@@ -10,7 +10,7 @@ from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from core.db import transaction
-from core.domain import BatchOutcome, ErrorCode, RequestState, from_epoch
+from core.domain import BatchOutcome, ErrorCode, from_epoch
 from core.records import MESSAGE_COLUMNS, row_message
 from core.store.base import (
     BatchStart,
@@ -203,16 +203,19 @@ class BatchVerbs(StoreBase):
                     .values({name: bindparam(f"b_{name}") for name in RESULT_FIELDS}),
                     rows,
                 )
+            by_state = {
+                state: [str(r["b_id"]) for r in rows if r["b_state"] == state.value]
+                for state in (S.SUCCEEDED, S.FAILED)
+            }
+            for state, ids in by_state.items():
+                await self._log_terminal(conn, ids, state, now, batch_id)
             charged = Reaped()
             for request_id, error in failed_alone:
                 if request_id in live:
                     one = {request_id: live[request_id]}
                     charged = charged.merge(await self._charge(conn, one, now=now, error=error))
-        by_state: dict[str, list[str]] = {}
-        for row in rows:
-            by_state.setdefault(row["b_state"], []).append(str(row["b_id"]))
         for state, ids in by_state.items():
-            await self._emit(RequestState(state), ids, batch_id=str(batch_id))
+            await self._emit(state, ids, batch_id=str(batch_id))
         await self._emit_reaped(charged)
         return charged
 
@@ -285,7 +288,11 @@ class BatchVerbs(StoreBase):
         self, conn: AsyncConnection, batch_id: uuid.UUID, only: Sequence[str] | None = None
     ) -> dict[str, dict[str, Any]]:
         query = select(
-            requests_t.c.id, requests_t.c.deadline, requests_t.c.failures, *MESSAGE_COLUMNS[1:]
+            requests_t.c.id,
+            requests_t.c.deadline,
+            requests_t.c.failures,
+            requests_t.c.batch_id,
+            *MESSAGE_COLUMNS[1:],
         ).where(requests_t.c.batch_id == batch_id, requests_t.c.state == S.RUNNING.value)
         if only is not None:
             query = query.where(requests_t.c.id.in_([uuid.UUID(i) for i in only]))
@@ -317,6 +324,7 @@ class BatchVerbs(StoreBase):
                 finished_at=from_epoch(now),
             )
         )
+        await self._log_terminal(conn, [request_id], S.FAILED, now, row["batch_id"])
         return Reaped(failed=(request_id,))
 
     async def _requeue(
@@ -329,6 +337,7 @@ class BatchVerbs(StoreBase):
             .returning(requests_t.c.id)
         )
         ended = tuple(str(r[0]) for r in expired)
+        await self._log_terminal(conn, ended, S.EXPIRED, now)
         for group in set(groups.values()):
             members = [uuid.UUID(i) for i, g in groups.items() if g == group and i not in ended]
             if members:

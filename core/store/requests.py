@@ -201,7 +201,8 @@ class RequestVerbs(StoreBase):
         self, request_id: uuid.UUID, tenant: str, now: float | None = None
     ) -> RequestRecord:
         """Cancel a queued or running request; its late result, if any, is discarded."""
-        now_dt = from_epoch(now or time.time())
+        now = now or time.time()
+        now_dt = from_epoch(now)
         async with transaction(self.engine) as conn:
             row = (
                 (
@@ -224,6 +225,8 @@ class RequestVerbs(StoreBase):
                 .mappings()
                 .first()
             )
+            if row is not None:
+                await self._log_terminal(conn, [str(request_id)], S.CANCELLED, now)
         if row is not None:
             record = row_record(row)
             await self._emit(S.CANCELLED, [str(request_id)], model=record.model)
@@ -246,6 +249,7 @@ class RequestVerbs(StoreBase):
                 .returning(requests_t.c.id)
             )
             expired = [str(r[0]) for r in rows]
+            await self._log_terminal(conn, expired, S.EXPIRED, now)
         await self._emit(S.EXPIRED, expired)
         return expired
 
@@ -265,6 +269,7 @@ class RequestVerbs(StoreBase):
                 .returning(requests_t.c.id)
             )
             expired = [str(r[0]) for r in rows]
+            await self._log_terminal(conn, expired, S.EXPIRED, now)
         await self._emit(S.EXPIRED, expired)
         return expired
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.support.stack import Stack
+from cli.deployment import Stack
 
 TERMINAL = {"succeeded", "failed", "cancelled", "expired"}
 

@@ -13,11 +13,11 @@ import pytest
 from batching.batcher import policy_config
 from batching.estimate import FixedBatchTime
 from batching.simulator import Arrival, simulate
+from cli.deployment import Stack
 from cli.loadgen import open_loop, poisson_schedule
 from models.registry import load_registry
 from tests.conftest import TEST_MODELS
 from tests.e2e.conftest import db_rows, wait_terminal
-from tests.support.stack import Stack
 
 ECHO = "echo-100ms"
 

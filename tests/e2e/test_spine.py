@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from cli.deployment import Stack
 from tests.e2e.conftest import db_rows, wait_terminal
-from tests.support.stack import Stack
 
 ECHO = "echo-100ms"
 

@@ -227,3 +227,41 @@ async def test_committed_but_unpublished_requests_are_found(store: JobStore) -> 
     await store.mark_published([published])
     found = await store.unpublished(time.time() + 1)
     assert [m.id for m in found] == [lost]
+
+
+async def terminal_events(store: JobStore) -> dict[str, list[str]]:
+    from sqlalchemy import select
+
+    from core.tables import events_table
+
+    async with store.engine.connect() as conn:
+        rows = (await conn.execute(select(events_table.c.request_id, events_table.c.state))).all()
+    events: dict[str, list[str]] = {}
+    for request_id, state in rows:
+        events.setdefault(str(request_id), []).append(state)
+    return events
+
+
+async def test_every_terminal_transition_is_logged_once(store: JobStore) -> None:
+    done, cancelled, expired, late = await submit(
+        store, command("d"), command("c"), command("e", timeout_s=0.01), command("l")
+    )
+    batch_id = await claim(store, [done, late])
+    await store.start_batch(batch_id, "w1", time.time(), 2.0)
+    await store.cancel(uuid.UUID(cancelled), "t1")
+    await store.cancel(uuid.UUID(cancelled), "t1")  # idempotent: no second transition
+    await store.cancel(uuid.UUID(late), "t1")  # running: its result will be discarded
+    await store.expire_overdue(time.time() + 1)
+    await store.complete_batch(
+        batch_id, attempt=1, outcomes=[ok(done), ok(late)], now=time.time(), model_ms=1
+    )
+    await store.complete_batch(
+        batch_id, attempt=1, outcomes=[ok(done)], now=time.time(), model_ms=1
+    )
+    events = await terminal_events(store)
+    assert events == {
+        done: ["succeeded"],
+        cancelled: ["cancelled"],
+        expired: ["expired"],
+        late: ["cancelled"],
+    }

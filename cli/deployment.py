@@ -1,4 +1,9 @@
-"""Real batchserve processes for end-to-end and chaos tests, started and stopped by pid."""
+"""A local deployment of batchserve roles as real processes, started and stopped by pid.
+
+Used by ``batchserve chaos`` and by the end-to-end and chaos tests: each role is a child
+process (``python -m cli <role>``) with its own log file, on one database, one queue and key
+namespace, and one API port.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ from pathlib import Path
 import httpx
 import redis
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -42,7 +47,7 @@ class Role:
 
 @dataclass
 class Stack:
-    """A deployment of batchserve roles on the test's own database, queues and port."""
+    """A deployment of batchserve roles on its own database, queues and port."""
 
     env: dict[str, str]
     log_dir: Path
