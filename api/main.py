@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from api import problems
 from api.limits import BodySizeLimit
-from api.routes import health, models, requests
+from api.routes import health, models, requests, webhooks
 from api.services import ApiServices
 from core.settings import Settings, load_settings
 
@@ -43,5 +43,6 @@ def create_app(settings: Settings | None = None, services: ApiServices | None = 
     app.include_router(health.router)
     app.include_router(requests.router)
     app.include_router(models.router)
+    app.include_router(webhooks.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     return app

@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.responses import JSON
 from core.errors import (
+    AlreadyExists,
     BatchserveError,
     IdempotencyConflict,
     IdempotencyInProgress,
@@ -39,6 +40,7 @@ STATUS_BY_ERROR: list[tuple[type[BatchserveError], int]] = [
     (IdempotencyConflict, 422),
     (IdempotencyInProgress, 409),
     (InvalidTransition, 409),
+    (AlreadyExists, 409),
     (QuotaExceeded, 429),
     (Overloaded, 503),
     (Unavailable, 503),

@@ -1,4 +1,4 @@
-"""Request and response bodies of the ``/v1/requests`` API."""
+"""Request and response bodies of the ``/v1`` API."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from core.domain import RequestRecord
+from core.domain import AttemptRecord, DeliveryRecord, RequestRecord
 
 MAX_STOP_SEQUENCES = 4
 MAX_METADATA_KEYS = 16
@@ -161,3 +161,75 @@ class ModelList(BaseModel):
 
 def dump(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json")
+
+
+class AttemptOut(BaseModel):
+    number: int
+    at: datetime
+    status_code: int | None
+    error: str | None
+    duration_ms: float | None
+
+    @classmethod
+    def of(cls, attempt: AttemptRecord) -> AttemptOut:
+        return cls(
+            number=attempt.number,
+            at=attempt.started_at,
+            status_code=attempt.status_code,
+            error=attempt.error,
+            duration_ms=attempt.duration_ms,
+        )
+
+
+class DeliveryOut(BaseModel):
+    """A webhook delivery of a request; ``id`` is the ``webhook-id`` header of every attempt."""
+
+    id: str
+    object: Literal["webhook_delivery"] = "webhook_delivery"
+    event_type: str
+    url: str
+    status: str
+    created_at: datetime
+    finished_at: datetime | None
+    next_attempt_at: datetime | None
+    error: str | None
+    attempts: list[AttemptOut]
+
+    @classmethod
+    def of(cls, delivery: DeliveryRecord) -> DeliveryOut:
+        return cls(
+            id=delivery.id,
+            event_type=delivery.event_type,
+            url=delivery.url,
+            status=delivery.status.value,
+            created_at=delivery.created_at,
+            finished_at=delivery.finished_at,
+            next_attempt_at=delivery.next_attempt_at,
+            error=delivery.error,
+            attempts=[AttemptOut.of(a) for a in delivery.attempt_log],
+        )
+
+
+class DeliveryList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[DeliveryOut]
+
+
+class WebhookSecretOut(BaseModel):
+    """A tenant's signing secret: metadata, and the secret itself only when just made."""
+
+    object: Literal["webhook_secret"] = "webhook_secret"
+    secret: str | None = None
+    created_at: datetime
+    previous_expires_at: datetime | None
+
+
+class EnableEndpoint(Strict):
+    url: Annotated[str, StringConstraints(min_length=1, max_length=2048)]
+
+
+class EndpointOut(BaseModel):
+    object: Literal["webhook_endpoint"] = "webhook_endpoint"
+    url: str
+    enabled: bool
+    was_disabled: bool

@@ -6,7 +6,10 @@ from dataclasses import dataclass
 
 from api.admission import Admitter
 from api.waiters import Waiters
+from core.secretbox import SecretBox
 from core.settings import Settings
+from core.ssrf import Allowlist, UrlGuard
+from core.webhook_secrets import WebhookSecrets
 from core.wiring import Adapters, connect
 
 
@@ -16,13 +19,24 @@ class ApiServices:
     adapters: Adapters
     admitter: Admitter
     waiters: Waiters
+    webhook_secrets: WebhookSecrets
+    url_guard: UrlGuard
 
     @classmethod
     def create(cls, settings: Settings, adapters: Adapters | None = None) -> ApiServices:
         adapters = adapters or connect(settings)
         admitter = Admitter(adapters.store, adapters.queue, faults=settings.fault_points)
         waiters = Waiters(adapters.events)
-        return cls(settings, adapters, admitter, waiters)
+        secrets = WebhookSecrets(
+            adapters.store,
+            SecretBox.from_settings(settings),
+            grace_s=settings.webhook_secret_grace_s,
+        )
+        guard = UrlGuard(
+            Allowlist.parse(settings.webhook_allowlist),
+            resolve_timeout_s=settings.webhook_resolve_timeout_s,
+        )
+        return cls(settings, adapters, admitter, waiters, secrets, guard)
 
     async def start(self) -> None:
         self.admitter.start()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 from datetime import UTC, datetime, timedelta
-from urllib.parse import urlsplit
 
 import orjson
 
@@ -13,6 +12,7 @@ from core.domain import Lane, SubmitCommand
 from core.errors import InvalidInput, ModelNotFound
 from core.ids import uuid7
 from core.settings import Settings
+from core.ssrf import parse_webhook_url
 from models.registry import ModelSpec, Registry
 
 MAX_IDEMPOTENCY_KEY = 255
@@ -78,11 +78,10 @@ def check_idempotency_key(key: str | None) -> str | None:
 
 
 def check_webhook_url(url: str | None) -> str | None:
+    """The URL's form (scheme, no userinfo); where it leads is checked by the SSRF guard."""
     if url is None:
         return None
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise InvalidInput("webhook_url must be an absolute http(s) URL", field="webhook_url")
+    parse_webhook_url(url)
     return url
 
 

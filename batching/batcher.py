@@ -18,7 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from batching.estimate import BatchTimeEstimator, FixedBatchTime
+from batching.estimate import (
+    BatchObservation,
+    BatchShape,
+    BatchTimeEstimator,
+    FixedBatchTime,
+    LearnedBatchTime,
+)
 from batching.policy import Decision, Load, Pending, PolicyConfig, decide, estimate_batch_s
 from batching.rate import RateMeter
 from core.broker import Delivery, RequestQueue
@@ -66,6 +72,7 @@ class BatcherConfig:
     publish_load_s: float = 0.1
     queue_depth_s: float = 1.0
     rate_tau_s: float = 1.0
+    learn_s: float = 2.0
 
 
 def policy_config(spec: ModelSpec) -> PolicyConfig:
@@ -74,7 +81,17 @@ def policy_config(spec: ModelSpec) -> PolicyConfig:
         max_batch_size=spec.max_batch_size,
         max_batch_delay_s=spec.batch_delay_ms / 1000.0,
         max_batch_tokens=spec.max_batch_tokens,
+        length_edges=spec.length_edges,
     )
+
+
+def estimator_for(spec: ModelSpec) -> BatchTimeEstimator:
+    """The fixed backends take their configured time; real models learn theirs, starting from
+    ``batch_time_ms`` as the prior."""
+    prior = FixedBatchTime(spec.batch_time_ms / 1000.0)
+    if spec.backend in ("fixed", "faulty"):
+        return prior
+    return LearnedBatchTime(prior)
 
 
 def time_limit_s(estimated_s: float) -> float:
@@ -99,7 +116,7 @@ class ModelBatcher:
     ) -> None:
         self.spec = spec
         self.policy = policy_config(spec)
-        self.estimator = estimator or FixedBatchTime(spec.batch_time_ms / 1000.0)
+        self.estimator = estimator or estimator_for(spec)
         self.config = config or BatcherConfig()
         self._store = store
         self._queue = queue
@@ -119,6 +136,7 @@ class ModelBatcher:
         self._subscription: Subscription | None = None
         self._stopping = False
         self._recently_closed: dict[uuid.UUID, float] = {}
+        self._learned_until: float | None = None
         self.num_dispatched = 0
 
     # -- inputs ----------------------------------------------------------------------------
@@ -160,7 +178,7 @@ class ModelBatcher:
         now = self._clock()
         for batch_id, _lease in await self._store.open_batches(self.spec.name):
             # A previous batcher's batches still hold their slots.
-            self.inflight[batch_id] = now + self._unit_batch_s()
+            self.inflight[batch_id] = now + self._typical_batch_s()
         self._subscription = self._events.subscribe(self.on_event, on_reconnect=self._wake.set)
         await self._refresh_slots()
         cfg = self.config
@@ -230,9 +248,15 @@ class ModelBatcher:
             last_dispatch_at=self.last_dispatch_at,
         )
 
-    def _unit_batch_s(self) -> float:
-        """The estimate for a batch of one typical request (the admission estimate)."""
-        return estimate_batch_s((Pending(id="", arrived_at=0.0, deadline=0.0),), self.estimator)
+    def _typical_batch_s(self) -> float:
+        """The estimate for a full batch of requests shaped like those waiting now."""
+        waiting = [e.pending for e in self.pending.values()] or [
+            Pending(id="", arrived_at=0.0, deadline=0.0, prompt_tokens=100, max_tokens=256)
+        ]
+        size = self.policy.max_batch_size
+        prompt = sum(p.prompt_tokens for p in waiting) / len(waiting)
+        longest = max(p.max_tokens for p in waiting)
+        return self.estimator.batch_s(BatchShape(size, round(prompt * size), longest))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -292,7 +316,9 @@ class ModelBatcher:
         self.inflight[batch_id] = now + estimated_s
         self.last_dispatch_at = now
         try:
-            await self._dispatcher.dispatch(message, time_limit_s(estimated_s))
+            await self._dispatcher.dispatch(
+                message, self.spec.time_limit_s or time_limit_s(estimated_s)
+            )
         except Unavailable as error:
             # Claimed but not handed over: put the members back ourselves rather than wait
             # for the dispatch lease to run out.
@@ -354,7 +380,7 @@ class ModelBatcher:
         for batch_id in freed:
             self.inflight.pop(batch_id, None)
         for batch_id in open_now - self.inflight.keys() - self._recently_closed.keys():
-            self.inflight[batch_id] = started + self._unit_batch_s()
+            self.inflight[batch_id] = started + self._typical_batch_s()
         horizon = started - 60.0
         self._recently_closed = {b: t for b, t in self._recently_closed.items() if t > horizon}
         if freed:
@@ -384,9 +410,19 @@ class ModelBatcher:
                 pending_bulk=by_lane[Lane.BULK],
                 queued_interactive=self._queued[Lane.INTERACTIVE],
                 queued_bulk=self._queued[Lane.BULK],
-                batch_s=self._unit_batch_s(),
+                batch_s=self._typical_batch_s(),
                 max_batch_size=self.policy.max_batch_size,
-                max_batch_delay_s=min(self.policy.max_batch_delay_s, self._unit_batch_s()),
+                max_batch_delay_s=min(self.policy.max_batch_delay_s, self._typical_batch_s()),
                 arrival_rate=self.rate.rate(now),
             )
         )
+
+    async def _learn(self) -> None:
+        """Feed the batches workers finished since last time to the learned batch time."""
+        assert isinstance(self.estimator, LearnedBatchTime)
+        rows = await self._store.finished_batches(self.spec.name, after=self._learned_until)
+        for finished_at, size, prompt_tokens, max_new_tokens, seconds in rows:
+            self.estimator.observe(
+                BatchObservation(BatchShape(size, prompt_tokens, max_new_tokens), seconds)
+            )
+            self._learned_until = finished_at

@@ -1,9 +1,19 @@
-"""Batch-time estimates: how long a batch of a given shape takes on a worker. Pure."""
+"""Batch-time estimates: how long a batch of a given shape takes on a worker. Pure.
+
+The seeds' model takes a fixed 100 ms whatever the batch holds. A real model's batch time grows
+with its prompts (prefill) and with its longest generation (one forward pass per token for the
+whole batch): :class:`LearnedBatchTime` fits that from the batches workers report.
+"""
 
 from __future__ import annotations
 
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+import numpy as np
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,3 +39,104 @@ class FixedBatchTime:
 
     def batch_s(self, shape: BatchShape) -> float:
         return self.seconds
+
+
+@dataclass(frozen=True, slots=True)
+class BatchObservation:
+    """A batch a worker ran: its shape and how long the model took."""
+
+    shape: BatchShape
+    seconds: float
+
+
+def features(shape: BatchShape) -> list[float]:
+    """Fixed cost; prefill (prompt tokens); decode steps; decode work (steps x rows)."""
+    steps = float(shape.max_new_tokens)
+    return [1.0, float(shape.prompt_tokens), steps, steps * shape.size]
+
+
+class LearnedBatchTime:
+    """Least squares of batch time on :func:`features`, over the latest ``window`` batches.
+
+    Until ``min_observations`` batches are in it answers with ``prior``. The fit is refreshed
+    lazily after new observations; predictions never go below the fastest batch seen, since a
+    fitted line can dip below zero far from its data.
+    """
+
+    def __init__(
+        self,
+        prior: BatchTimeEstimator,
+        *,
+        window: int = 500,
+        min_observations: int = 8,
+    ) -> None:
+        self.prior = prior
+        self.min_observations = min_observations
+        self._observations: deque[BatchObservation] = deque(maxlen=window)
+        self._coefficients: np.ndarray | None = None
+        self._stale = False
+        self._floor_s = 0.0
+
+    @property
+    def num_observations(self) -> int:
+        return len(self._observations)
+
+    def observe(self, observation: BatchObservation) -> None:
+        if observation.seconds > 0 and observation.shape.size > 0:
+            self._observations.append(observation)
+            self._stale = True
+
+    def observe_all(self, observations: Iterable[BatchObservation]) -> None:
+        for observation in observations:
+            self.observe(observation)
+
+    @property
+    def coefficients(self) -> tuple[float, ...] | None:
+        self._refit()
+        return None if self._coefficients is None else tuple(float(c) for c in self._coefficients)
+
+    def batch_s(self, shape: BatchShape) -> float:
+        self._refit()
+        if self._coefficients is None:
+            return self.prior.batch_s(shape)
+        predicted = float(np.dot(self._coefficients, features(shape)))
+        return max(predicted, self._floor_s)
+
+    def _refit(self) -> None:
+        if not self._stale:
+            return
+        self._stale = False
+        if len(self._observations) < self.min_observations:
+            return
+        x = np.array([features(o.shape) for o in self._observations])
+        y = np.array([o.seconds for o in self._observations])
+        # Columns can be constant (every batch asked for 256 tokens): lstsq copes (min norm).
+        self._coefficients = np.linalg.lstsq(x, y, rcond=None)[0]
+        self._floor_s = float(y.min())
+
+
+@dataclass(frozen=True, slots=True)
+class EstimateError:
+    """Relative error |predicted - actual| / actual on held-out batches."""
+
+    count: int
+    median: float
+    p90: float
+
+
+def held_out_error(
+    observations: Sequence[BatchObservation], prior: BatchTimeEstimator, train_share: float = 0.8
+) -> EstimateError | None:
+    """Fit on the first ``train_share`` of ``observations`` (in order), score the rest."""
+    cut = int(len(observations) * train_share)
+    train, test = observations[:cut], observations[cut:]
+    if not test:
+        return None
+    model = LearnedBatchTime(prior, window=max(1, len(train)))
+    model.observe_all(train)
+    errors = sorted(abs(model.batch_s(o.shape) - o.seconds) / o.seconds for o in test)
+    return EstimateError(
+        count=len(errors),
+        median=errors[len(errors) // 2],
+        p90=errors[min(len(errors) - 1, math.ceil(0.9 * len(errors)) - 1)],
+    )

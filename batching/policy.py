@@ -50,6 +50,10 @@ class PolicyConfig:
     max_batch_size: int = 32
     max_batch_delay_s: float = 0.010
     max_batch_tokens: int | None = None
+    # With a batch time that grows with the longest generation, requests batch only with
+    # others of their length class (max_tokens up to each edge): a short answer then never
+    # waits for a long one to finish. Empty: no grouping.
+    length_edges: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in POLICY_KINDS:
@@ -86,7 +90,7 @@ def decide(
     load = load or Load()
     expire, alive, wake_at = _split_unmeetable(pending, now, estimator)
     batches: list[tuple[Pending, ...]] = []
-    for group in _groups_in_order(alive):
+    for group in _groups_in_order(alive, config.length_edges):
         remaining = list(group)
         while remaining and free_slots > len(batches):
             batch, full = _fill(remaining, config)
@@ -149,18 +153,28 @@ def _order_key(p: Pending) -> tuple[int, float, str]:
     return (0 if p.lane is Lane.INTERACTIVE else 1, p.arrived_at, p.id)
 
 
-def _groups_in_order(alive: Sequence[Pending]) -> list[list[Pending]]:
-    """Requests split by isolation group; retry groups first (they have waited), then the rest.
+def length_class(max_tokens: int, edges: Sequence[int]) -> int:
+    """Index of the first edge ``max_tokens`` fits under (``len(edges)`` past the last)."""
+    for index, edge in enumerate(edges):
+        if max_tokens <= edge:
+            return index
+    return len(edges)
 
-    Within a group: interactive lane before bulk, FIFO within a lane.
+
+def _groups_in_order(alive: Sequence[Pending], length_edges: Sequence[int]) -> list[list[Pending]]:
+    """Requests split into groups that never share a batch, in the order they are served.
+
+    Retry groups first (they have waited). Then the rest, one group per length class when
+    ``length_edges`` is set, ordered by their first request. Within a group: interactive lane
+    before bulk, FIFO within a lane.
     """
-    groups: dict[str | None, list[Pending]] = {}
+    groups: dict[tuple[str | None, int], list[Pending]] = {}
     for p in sorted(alive, key=_order_key):
-        groups.setdefault(p.group, []).append(p)
-    ordered = [groups[g] for g in groups if g is not None]
-    if None in groups:
-        ordered.append(groups[None])
-    return ordered
+        klass = length_class(p.max_tokens, length_edges) if p.group is None else 0
+        groups.setdefault((p.group, klass), []).append(p)
+    retries = [members for (group, _), members in groups.items() if group is not None]
+    fresh = [members for (group, _), members in groups.items() if group is None]
+    return retries + sorted(fresh, key=lambda members: _order_key(members[0]))
 
 
 def _fill(ordered: Sequence[Pending], config: PolicyConfig) -> tuple[list[Pending], bool]:

@@ -186,3 +186,33 @@ def traffic_body(model: str, rng_seed: int) -> Callable[[int], dict[str, Any]]:
 
 def new_run_name() -> str:
     return f"chaos{secrets.token_hex(3)}"
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+
+@dataclass
+class ChaosPlan:
+    duration_s: float
+    rate: float
+    model: str = "echo-100ms"
+    slots: int = 1
+    server_faults: bool = True
+    seed: int = 1
+
+
+def fault_schedule(plan: ChaosPlan) -> list[tuple[float, str]]:
+    """Faults spread evenly over the run, leaving the last sixth for recovery."""
+    names = [
+        "kill-worker-pool-process",
+        "kill-api",
+        "freeze-worker",
+        "kill-active-batcher",
+        "kill-worker",
+    ]
+    if plan.server_faults:
+        names[3:3] = ["restart-redis"]
+        names += ["restart-rabbitmq", "restart-postgres"]
+    start, end = 0.08 * plan.duration_s, 0.8 * plan.duration_s
+    step = (end - start) / max(1, len(names) - 1)
+    return [(start + i * step, name) for i, name in enumerate(names)]

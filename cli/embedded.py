@@ -24,6 +24,8 @@ from models.loader import load_backend
 from workers.dispatch import InProcessDispatcher
 from workers.maintenance import Maintenance
 from workers.runner import BatchRunner
+from workers.webhooks.delivery import create_deliverer
+from workers.webhooks.relay import InProcessSenders, Relay
 
 log = logging.getLogger("batchserve.embedded")
 
@@ -66,6 +68,16 @@ class EmbeddedStack:
             events=self.adapters.events,
             config=maintenance_config(settings),
         )
+        # Webhooks: the same deliverer as the webhooks role, its attempts as tasks of this loop.
+        self.deliverer = create_deliverer(self.adapters.store, settings)
+        self.senders = InProcessSenders(self.deliverer, self.deliverer.config.concurrency)
+        self.relay = Relay(
+            store=self.adapters.store,
+            senders=self.senders,
+            lease_s=self.deliverer.config.lease_s,
+            tick_s=self.deliverer.config.relay_tick_s,
+            events=self.adapters.events,
+        )
         self.api = ApiServices.create(settings, self.adapters)
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -83,6 +95,7 @@ class EmbeddedStack:
             await batcher.start()
             self._tasks.append(asyncio.create_task(batcher.loop()))
         self._tasks.append(asyncio.create_task(self.maintenance.run()))
+        self._tasks.append(asyncio.create_task(self.relay.run()))
         await self.api.start()
 
     async def stop(self) -> None:
@@ -94,6 +107,8 @@ class EmbeddedStack:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.dispatcher.close()
+        await self.senders.close()
+        await self.deliverer.close()
         await self.adapters.close()
 
 

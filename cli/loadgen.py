@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,8 +55,10 @@ async def open_loop(
     path: str = "/v1/requests",
     headers: dict[str, str] | None = None,
     connections: int = 256,
+    on_accepted: Callable[[aiohttp.ClientSession, Submitted], Awaitable[None]] | None = None,
 ) -> LoadResult:
-    """Send one POST at each offset of ``schedule`` (seconds from now)."""
+    """Send one POST at each offset of ``schedule`` (seconds from now); ``on_accepted`` runs
+    after each 202 (a chaos run cancels some requests with it)."""
     result = LoadResult()
     connector = aiohttp.TCPConnector(limit=connections)
     timeout = aiohttp.ClientTimeout(total=120)
@@ -80,6 +82,8 @@ async def open_loop(
                             body if isinstance(body, dict) else None,
                         )
                     )
+                if on_accepted is not None and response.status == 202:
+                    await on_accepted(session, result.submitted[-1])
             except (TimeoutError, aiohttp.ClientError):
                 result.errors += 1
 

@@ -101,6 +101,14 @@ def maintenance() -> None:
 
 
 @app.command()
+def webhooks() -> None:
+    """Deliver webhooks: relay due deliveries to the webhooks queue and send them, signed."""
+    from cli.webhooks_role import run_webhooks_role
+
+    run_webhooks_role(_settings("webhooks"))
+
+
+@app.command()
 def migrate() -> None:
     """Upgrade the database schema to the latest revision."""
     from core.migrate import current, upgrade
@@ -138,6 +146,11 @@ from cli.analysis import simulate as _simulate  # noqa: E402
 
 app.command("simulate")(_simulate)
 app.command("capacity")(_capacity)
+
+
+from cli.chaos_run import chaos as _chaos  # noqa: E402
+
+app.command("chaos")(_chaos)
 
 
 def main() -> None:

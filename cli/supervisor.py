@@ -111,6 +111,7 @@ def plan_children(host: str, port: int, models: list[str], slots: dict[str, int]
         Child("api", role_argv("api", "--host", host, "--port", str(port))),
         Child("batcher", role_argv("batcher")),
         Child("maintenance", role_argv("maintenance")),
+        Child("webhooks", role_argv("webhooks")),
     ]
     for model in models:
         children.append(

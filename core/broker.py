@@ -115,7 +115,8 @@ class _RabbitDelivery(Delivery):
         try:
             await self._message.ack()
         except (AMQPError, RuntimeError, ConnectionError) as error:
-            log.info("ack_failed error=%s (the message will be redelivered)", error)
+            # The channel died (broker restart): the message comes back and its twin is found.
+            log.debug("ack_failed error=%r (the message will be redelivered)", error)
 
 
 class RabbitRequestQueue(RequestQueue):
@@ -141,7 +142,7 @@ class RabbitRequestQueue(RequestQueue):
                         )
                     except (TimeoutError, AMQPError, OSError) as error:
                         raise Unavailable(
-                            f"broker unreachable: {error}", component="broker"
+                            f"broker unreachable: {error!r}", component="broker"
                         ) from error
         return self._connection
 

@@ -274,6 +274,65 @@ class BatchClosed:
 Event = StateChange | BatchClosed
 
 
+class DeliveryStatus(StrEnum):
+    PENDING = "pending"  # an attempt is due, in flight, or scheduled
+    DELIVERED = "delivered"  # the receiver answered 2xx
+    FAILED = "failed"  # attempts spent, endpoint gone or disabled, or the URL was refused
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One HTTP attempt of a webhook delivery."""
+
+    number: int
+    started_at: datetime
+    status_code: int | None
+    error: str | None
+    duration_ms: float | None
+    address: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryRecord:
+    """A webhook delivery as the API shows it; ``id`` is the ``webhook-id`` header."""
+
+    id: str
+    request_id: uuid.UUID
+    tenant: str
+    url: str
+    event_type: str
+    status: DeliveryStatus
+    attempts: int
+    next_attempt_at: datetime | None
+    created_at: datetime
+    finished_at: datetime | None
+    error: str | None = None
+    attempt_log: tuple[AttemptRecord, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedDelivery:
+    """A due delivery the relay leased: whoever holds ``token`` may make the next attempt."""
+
+    id: str
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryStart:
+    """What an attempt needs, once its sender holds the lease (``token`` is the fresh one)."""
+
+    id: str
+    token: str
+    number: int  # this attempt's number, counting every attempt ever made
+    run_attempts: int  # attempts in the current run of the retry schedule, this one included
+    request_id: uuid.UUID
+    tenant: str
+    url: str
+    event_type: str
+    created_at: datetime
+
+
 def encode_event(event: Event) -> bytes:
     return orjson.dumps(event.encode())
 

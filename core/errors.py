@@ -27,6 +27,16 @@ class InvalidInput(BatchserveError):
         self.limit = limit
 
 
+class UnsafeWebhookUrl(InvalidInput):
+    """A webhook URL batchserve refuses to call: a bad scheme or userinfo, or a host that
+    resolves to an address inside a private network (the SSRF guard)."""
+
+    code = "unsafe_webhook_url"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field="webhook_url")
+
+
 class NotFound(BatchserveError):
     code = "not_found"
 
@@ -51,6 +61,12 @@ class InvalidTransition(BatchserveError):
     """A state change the request's current state does not allow (e.g. cancel a finished one)."""
 
     code = "invalid_state"
+
+
+class AlreadyExists(BatchserveError):
+    """Creating something that exists already (e.g. a second webhook secret: rotate instead)."""
+
+    code = "already_exists"
 
 
 class Overloaded(BatchserveError):

@@ -53,5 +53,3 @@ def setup_logging(role: str, *, fmt: str = "text", level: str = "INFO") -> None:
     root.setLevel(level.upper())
     for noisy in ("aiormq", "aio_pika", "celery", "kombu", "amqp", "httpx", "uvicorn.access"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
-    # Celery warns that its (unused) ETA delivery needs a topic exchange: we never send ETA tasks.
-    logging.getLogger("celery.worker.consumer.delayed_delivery").setLevel(logging.ERROR)

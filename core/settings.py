@@ -6,7 +6,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_HOME = Path.home() / ".local" / "share" / "batchserve"
@@ -49,8 +49,24 @@ class Settings(BaseSettings):
     worker_heartbeat_s: float = 0.5
     worker_ttl_s: float = 3.0
 
+    # Webhooks. The allowlist exempts hosts (names or CIDRs) from the SSRF guard, for development.
     webhook_allowlist: str = ""
-    webhook_retry_schedule: str = "5,30,120,600,1800,7200,18000,36000,86400"
+    webhook_retry_schedule: str = Field(
+        default="5,30,120,600,1800,7200,18000,36000,86400",
+        description="Seconds between delivery attempts; one attempt more than delays",
+    )
+    webhook_timeout_s: float = Field(default=10.0, gt=0, description="One attempt, all told")
+    webhook_lease_s: float = Field(
+        default=30.0, gt=0, description="An attempt not finished by then is sent again"
+    )
+    webhook_concurrency: int = Field(default=16, ge=1, description="Attempts in flight at once")
+    webhook_resolve_timeout_s: float = Field(default=2.0, gt=0)
+    webhook_secret_grace_s: float = Field(
+        default=86_400.0, ge=0, description="A rotated-out secret keeps signing this long"
+    )
+    # Fernet key(s) that encrypt webhook secrets at rest, comma-separated: the first encrypts,
+    # all decrypt (to rotate the key). Unset in development: a key file under ``home``.
+    secret_key: SecretStr | None = None
 
     # Test-only fault injection points, e.g. "exit_after_commit". Never set in production.
     faults: str = ""
@@ -67,6 +83,17 @@ class Settings(BaseSettings):
             raise ValueError(
                 "the embedded mode is for development; configure servers in production"
             )
+        if self.env == "production" and not self.secret_key_list:
+            raise ValueError(
+                "set BATCHSERVE_SECRET_KEY in production (it encrypts webhook secrets at rest); "
+                "make one with: python -c 'from cryptography.fernet import Fernet; "
+                "print(Fernet.generate_key().decode())'"
+            )
+        _check_fernet_keys(self.secret_key_list)
+        if not self.retry_schedule_s and self.webhook_retry_schedule.strip():
+            raise ValueError("BATCHSERVE_WEBHOOK_RETRY_SCHEDULE: comma-separated seconds")
+        if self.webhook_lease_s <= self.webhook_timeout_s:
+            raise ValueError("BATCHSERVE_WEBHOOK_LEASE_S must exceed BATCHSERVE_WEBHOOK_TIMEOUT_S")
         return self
 
     @property
@@ -85,6 +112,21 @@ class Settings(BaseSettings):
         return frozenset(p.strip() for p in self.faults.split(",") if p.strip())
 
     @property
+    def retry_schedule_s(self) -> tuple[float, ...]:
+        """Delays between webhook attempts; empty when the setting does not parse."""
+        try:
+            delays = tuple(float(p) for p in self.webhook_retry_schedule.split(",") if p.strip())
+        except ValueError:
+            return ()
+        return delays if all(d >= 0 for d in delays) else ()
+
+    @property
+    def secret_key_list(self) -> list[str]:
+        if self.secret_key is None:
+            return []
+        return [k.strip() for k in self.secret_key.get_secret_value().split(",") if k.strip()]
+
+    @property
     def key_prefix(self) -> str:
         """Prefix of Redis keys (worker slots, rate limits)."""
         return self.namespace or "batchserve"
@@ -93,6 +135,19 @@ class Settings(BaseSettings):
         """A namespaced name for a queue, key or channel: ``ns.part.part``."""
         joined = ".".join(parts)
         return f"{self.namespace}.{joined}" if self.namespace else joined
+
+
+def _check_fernet_keys(keys: list[str]) -> None:
+    # Checked here, so a bad key stops every role at start-up instead of the first delivery.
+    from cryptography.fernet import Fernet
+
+    for n, key in enumerate(keys, start=1):
+        try:
+            Fernet(key.encode())
+        except (ValueError, TypeError) as error:
+            raise ValueError(
+                f"BATCHSERVE_SECRET_KEY: key {n} is not a Fernet key (32 url-safe base64 bytes)"
+            ) from error
 
 
 def load_settings() -> Settings:

@@ -158,7 +158,99 @@ class RequestEvent(Base):
     __table_args__ = (Index("ix_request_events_request_id", "request_id"),)
 
 
+DELIVERY_STATUSES = "'pending','delivered','failed'"
+
+
+class WebhookDelivery(Base):
+    """One event to one webhook URL: the outbox row, written with the terminal transition.
+
+    ``id`` is the ``webhook-id`` the receiver sees, the same on every attempt. A relay claims due
+    rows under a lease; whoever holds ``lease_token`` may send, so a duplicate task or a worker
+    that died mid-send never leaves a row stuck or sent twice by two live holders.
+    """
+
+    __tablename__ = "webhook_deliveries"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    request_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    tenant: Mapped[str] = mapped_column(String(64))
+    url: Mapped[str] = mapped_column(Text)
+    event_type: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16))
+    # Attempts ever made, and those in the current run of the retry schedule (a redelivery
+    # starts a new run).
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    run_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime | None] = _ts()
+    lease_token: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    lease_expires_at: Mapped[datetime | None] = _ts()
+    created_at: Mapped[datetime] = _ts(nullable=False)
+    finished_at: Mapped[datetime | None] = _ts()
+    # Why a failed delivery failed (attempts spent, 410, endpoint disabled, URL refused).
+    error: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        CheckConstraint(f"status IN ({DELIVERY_STATUSES})", name="status"),
+        Index("ix_webhook_deliveries_request_id", "request_id"),
+        Index(
+            "ix_webhook_deliveries_due",
+            "next_attempt_at",
+            postgresql_where=sa_text("status = 'pending'"),
+            sqlite_where=sa_text("status = 'pending'"),
+        ),
+    )
+
+
+class WebhookAttempt(Base):
+    """One HTTP attempt of a delivery: when, what came back, how long it took."""
+
+    __tablename__ = "webhook_attempts"
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    delivery_id: Mapped[str] = mapped_column(String(40))
+    number: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = _ts(nullable=False)
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    duration_ms: Mapped[float | None] = mapped_column(Float)
+    # The address actually connected to, after the SSRF check.
+    address: Mapped[str | None] = mapped_column(String(64))
+
+    __table_args__ = (Index("ix_webhook_attempts_delivery_id", "delivery_id", "number"),)
+
+
+class WebhookSecret(Base):
+    """A tenant's signing secret, encrypted at rest, and the one it replaced (during the grace)."""
+
+    __tablename__ = "webhook_secrets"
+
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    secret_enc: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = _ts(nullable=False)
+    previous_enc: Mapped[str | None] = mapped_column(Text)
+    previous_expires_at: Mapped[datetime | None] = _ts()
+
+
+class WebhookEndpoint(Base):
+    """A (tenant, URL) that answered 410 Gone: nothing is sent to it until it is re-enabled."""
+
+    __tablename__ = "webhook_endpoints"
+
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # URLs can be long; the key is their SHA-256 (hex).
+    url_sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    url: Mapped[str] = mapped_column(Text)
+    disabled_at: Mapped[datetime | None] = _ts()
+    disabled_reason: Mapped[str | None] = mapped_column(Text)
+
+
 # Typed handles for Core statements (the declarative classes type ``__table__`` loosely).
 requests_table = cast(Table, Request.__table__)
 batches_table = cast(Table, Batch.__table__)
 events_table = cast(Table, RequestEvent.__table__)
+deliveries_table = cast(Table, WebhookDelivery.__table__)
+attempts_table = cast(Table, WebhookAttempt.__table__)
+secrets_table = cast(Table, WebhookSecret.__table__)
+endpoints_table = cast(Table, WebhookEndpoint.__table__)

@@ -28,10 +28,17 @@ class ModelSpec:
     policy: str = "adaptive"
     batch_time_ms: float = 100.0
     slots: int = 1
+    # Past this a running batch counts as stalled and its worker process is killed
+    # (default: ten times the estimate, at least the estimate plus 10 s).
+    time_limit_s: float | None = None
+    # Batch only requests whose max_tokens fall in the same class (edges, in tokens); for
+    # models whose batch time follows the longest generation.
+    length_edges: tuple[int, ...] = ()
     description: str = ""
     options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "length_edges", tuple(sorted(int(e) for e in self.length_edges)))
         if self.backend not in BACKENDS:
             raise ValueError(f"model {self.name}: unknown backend {self.backend!r}")
         if self.policy.split(":")[0] not in POLICIES:

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from cli.deployment import Stack
@@ -87,6 +88,12 @@ def settings(database_url: str, namespace: str) -> Settings:
     return Settings(**fields)
 
 
+def registered_test_models() -> list[str]:
+    from models.registry import load_registry
+
+    return load_registry(TEST_MODELS).names()
+
+
 @pytest.fixture
 def stack(database_url: str, namespace: str, tmp_path: Path) -> Iterator[Stack]:
     env = {**os.environ, **server_env(database_url, namespace)}
@@ -95,6 +102,15 @@ def stack(database_url: str, namespace: str, tmp_path: Path) -> Iterator[Stack]:
         yield deployment
     finally:
         deployment.stop_all()
+        servers.delete_namespace_queues(namespace, registered_test_models())
+
+
+@pytest.fixture
+async def http(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the stack's API (start the API first)."""
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+    async with httpx.AsyncClient(base_url=stack.url, timeout=60, limits=limits) as client:
+        yield client
 
 
 @pytest.fixture
@@ -106,3 +122,4 @@ async def adapters(settings: Settings) -> AsyncIterator[object]:
         yield connected
     finally:
         await connected.close()
+        servers.delete_namespace_queues(settings.namespace, registered_test_models())

@@ -1,4 +1,10 @@
-"""The Celery app: one durable quorum queue ``batches.<model>`` per model."""
+"""The Celery app: one durable queue ``batches.<model>`` per model, and ``webhooks``.
+
+These are classic durable queues with persistent, confirmed messages, not quorum queues: a
+task message is only a hand-over (Postgres holds the batch and its lease, and the reaper
+recovers one that is lost), and quorum queues would make Celery set up its ETA machinery
+(28 extra queues per broker) for tasks that never have an ETA.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from kombu import Queue
 from core.settings import Settings
 
 RUN_BATCH_TASK = "batchserve.run_batch"
+DELIVER_WEBHOOK_TASK = "batchserve.deliver_webhook"
 
 
 def batches_queue_name(settings: Settings, model: str) -> str:
@@ -18,16 +25,29 @@ def batches_queue_name(settings: Settings, model: str) -> str:
 
 def batches_queue(settings: Settings, model: str) -> Queue:
     name = batches_queue_name(settings, model)
-    return Queue(name, routing_key=name, queue_arguments={"x-queue-type": "quorum"})
+    return Queue(name, routing_key=name, durable=True)
 
 
-def create_celery(settings: Settings, models: Iterable[str]) -> Celery:
-    """A Celery app for ``models``: late acks, prefetch 1, confirmed publishes, no results."""
+def webhooks_queue_name(settings: Settings) -> str:
+    return settings.name("webhooks")
+
+
+def webhooks_queue(settings: Settings) -> Queue:
+    name = webhooks_queue_name(settings)
+    return Queue(name, routing_key=name, durable=True)
+
+
+def create_celery(settings: Settings, models: Iterable[str], *, webhooks: bool = False) -> Celery:
+    """A Celery app for ``models`` (and the webhooks queue): late acks, prefetch 1, confirmed
+    publishes, no results."""
     if not settings.broker_url:
         raise ValueError("Celery needs BATCHSERVE_BROKER_URL")
     app = Celery("batchserve", broker=settings.broker_url, set_as_current=False)
+    queues = [batches_queue(settings, m) for m in models]
+    if webhooks:
+        queues.append(webhooks_queue(settings))
     app.conf.update(
-        task_queues=[batches_queue(settings, m) for m in models],
+        task_queues=queues,
         task_acks_late=True,
         # A child killed mid-batch: the lease reaper requeues its requests (in halves), so the
         # message itself is not redelivered as a whole.
@@ -50,7 +70,7 @@ def create_celery(settings: Settings, models: Iterable[str]) -> Celery:
         worker_send_task_events=False,
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,
-        worker_detect_quorum_queues=True,
+        worker_detect_quorum_queues=False,
         worker_cancel_long_running_tasks_on_connection_loss=False,
     )
     return app

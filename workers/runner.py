@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from core.broker import RequestQueue
@@ -63,6 +64,7 @@ class BatchRunner:
         backend: Backend,
         worker_id: str,
         lease_s: float,
+        write_patience_s: float = 30.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
@@ -71,6 +73,7 @@ class BatchRunner:
         self._backend = backend
         self.worker_id = worker_id
         self._lease_s = lease_s
+        self._write_patience_s = write_patience_s
         self._clock = clock
 
     async def run(self, message: BatchMessage) -> None:
@@ -92,35 +95,32 @@ class BatchRunner:
     async def _run_started(self, message: BatchMessage, start: BatchStart) -> None:
         batch_id = uuid.UUID(message.batch_id)
         items = [i for i in message.items if i.request_id in start.live_ids]
-        model_started = self._clock()
-        if items:
-            heartbeat = asyncio.create_task(self._keep_lease(batch_id, start.attempt))
-            try:
+        async with self._lease_kept(batch_id, start.attempt):
+            model_started = self._clock()
+            if items:
                 output = await asyncio.to_thread(run_isolating, self._backend, items)
-            finally:
-                heartbeat.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await heartbeat
-        else:
-            output = RunOutput([], [], 0)
-        finished = self._clock()
-        model_ms = (finished - model_started) * 1000.0
-        by_id = {i.request_id: i for i in items}
-        outcomes = [
-            ItemOutcome(r, _timings(by_id[r.request_id], message, model_ms, finished))
-            for r in output.results
-        ]
-        reaped = await self._store.complete_batch(
-            batch_id,
-            attempt=start.attempt,
-            outcomes=outcomes,
-            failed_alone=output.failed_alone,
-            now=finished,
-            model_ms=model_ms,
-            prompt_tokens=sum(r.prompt_tokens for r in output.results),
-            max_new_tokens=max((int(i.params.get("max_tokens", 0)) for i in items), default=0),
-            generated_tokens=sum(r.completion_tokens for r in output.results),
-        )
+            else:
+                output = RunOutput([], [], 0)
+            finished = self._clock()
+            model_ms = (finished - model_started) * 1000.0
+            by_id = {i.request_id: i for i in items}
+            outcomes = [
+                ItemOutcome(r, _timings(by_id[r.request_id], message, model_ms, finished))
+                for r in output.results
+            ]
+            write = functools.partial(
+                self._store.complete_batch,
+                batch_id,
+                attempt=start.attempt,
+                outcomes=outcomes,
+                failed_alone=output.failed_alone,
+                now=finished,
+                model_ms=model_ms,
+                prompt_tokens=sum(r.prompt_tokens for r in output.results),
+                max_new_tokens=max((int(i.params.get("max_tokens", 0)) for i in items), default=0),
+                generated_tokens=sum(r.completion_tokens for r in output.results),
+            )
+            reaped = await self._write_results(batch_id, write)
         if reaped is None:
             log.warning("batch_result_discarded batch_id=%s (lease lost: stale attempt)", batch_id)
             return
@@ -134,6 +134,24 @@ class BatchRunner:
             len(output.failed_alone),
         )
         await self._finish(message, BatchOutcome.SUCCEEDED, reaped)
+
+    async def _write_results(
+        self, batch_id: uuid.UUID, write: Callable[[], Awaitable[Reaped | None]]
+    ) -> Reaped | None:
+        """Write the results, retrying while the database is away (a restart takes seconds):
+        the model already ran, and its answers are worth the wait. The lease stays renewed
+        meanwhile; if it is lost anyway, the write is fenced out and the batch runs again."""
+        give_up = time.monotonic() + self._write_patience_s
+        delay_s = 0.1
+        while True:
+            try:
+                return await write()
+            except Unavailable as error:
+                if time.monotonic() > give_up:
+                    raise
+                log.warning("result_write_retry batch_id=%s error=%s", batch_id, error)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, 2.0)
 
     async def _finish(self, message: BatchMessage, outcome: BatchOutcome, reaped: Reaped) -> None:
         if reaped.requeued:
@@ -150,6 +168,17 @@ class BatchRunner:
                 worker=self.worker_id,
             )
         )
+
+    @contextlib.asynccontextmanager
+    async def _lease_kept(self, batch_id: uuid.UUID, attempt: int) -> AsyncIterator[None]:
+        """Renew the batch's lease while the model runs and its results are written."""
+        heartbeat = asyncio.create_task(self._keep_lease(batch_id, attempt))
+        try:
+            yield
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
 
     async def _keep_lease(self, batch_id: uuid.UUID, attempt: int) -> None:
         period_s = self._lease_s / 3.0

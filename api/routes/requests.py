@@ -45,6 +45,8 @@ async def submit_request(
         settings=services.settings,
         now=now,
     )
+    if command.webhook_url is not None:
+        await services.url_guard.check_submission(command.webhook_url)
     try:
         await refuse_if_hopeless(services.adapters.loadboard, command, to_epoch(now))
     except DeadlineUnmeetable:

@@ -20,10 +20,12 @@ from core.store.base import (
 )
 from core.store.batches import BatchVerbs
 from core.store.requests import RequestVerbs
+from core.store.secrets import SecretRow, SecretVerbs
+from core.store.webhooks import WebhookVerbs
 
 
-class JobStore(RequestVerbs, BatchVerbs):
-    """State changes of requests and batches, on Postgres or the embedded SQLite file."""
+class JobStore(RequestVerbs, BatchVerbs, WebhookVerbs, SecretVerbs):
+    """State changes of requests, batches and webhook deliveries, on Postgres or SQLite."""
 
 
 __all__ = [
@@ -35,5 +37,6 @@ __all__ = [
     "JobStore",
     "OnChange",
     "Reaped",
+    "SecretRow",
     "advisory_key",
 ]

@@ -8,11 +8,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert, update
+from sqlalchemy import DateTime, case, insert, literal, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from core.db import is_postgres
 from core.domain import (
+    DeliveryStatus,
     ErrorCode,
     ItemResult,
     QueueMessage,
@@ -22,12 +23,14 @@ from core.domain import (
     Timings,
     from_epoch,
 )
+from core.ids import uuid7
 from core.records import aware
-from core.tables import batches_table, events_table, requests_table
+from core.tables import batches_table, deliveries_table, events_table, requests_table
 
 requests_t = requests_table
 batches_t = batches_table
 events_t = events_table
+deliveries_t = deliveries_table
 
 OnChange = Callable[[StateChange], Awaitable[None]]
 S = RequestState
@@ -123,19 +126,64 @@ class StoreBase:
         now: float,
         batch_id: uuid.UUID | None = None,
     ) -> None:
-        """Append terminal transitions, in the transaction that makes them."""
+        """Append terminal transitions, in the transaction that makes them, and queue the
+        webhook delivery of each request that asked for one (the outbox: no result is ever
+        committed without its delivery, nor a delivery without its result)."""
         at = from_epoch(now)
+        request_ids = [uuid.UUID(i) for i in ids]
+        if not request_ids:
+            return
         rows = [
-            {"request_id": uuid.UUID(i), "state": state.value, "batch_id": batch_id, "at": at}
-            for i in ids
+            {"request_id": rid, "state": state.value, "batch_id": batch_id, "at": at}
+            for rid in request_ids
         ]
-        if rows:
-            await conn.execute(insert(events_t), rows)
+        await conn.execute(insert(events_t), rows)
+        await conn.execute(outbox_insert(request_ids, state, at))
 
     async def _emit(self, state: RequestState, ids: Iterable[str], **fields: Any) -> None:
         ids = tuple(ids)
         if ids and self._on_change is not None:
             await self._on_change(StateChange(request_ids=ids, state=state, **fields))
+
+
+def new_delivery_id() -> str:
+    """A webhook message id: ``msg_`` and a UUIDv7, so deliveries sort by creation."""
+    return "msg_" + uuid7().hex
+
+
+def outbox_insert(request_ids: list[uuid.UUID], state: RequestState, at: Any) -> Any:
+    """``INSERT INTO webhook_deliveries ... SELECT ... FROM requests`` for those with a URL.
+
+    One statement whatever the count; the ids are minted here and picked per row by a CASE,
+    which Postgres and SQLite both run.
+    """
+    delivery_id = case({rid: new_delivery_id() for rid in request_ids}, value=requests_t.c.id)
+    at_ts = literal(at, DateTime(timezone=True))
+    rows = select(
+        delivery_id,
+        requests_t.c.id,
+        requests_t.c.tenant,
+        requests_t.c.webhook_url,
+        literal(f"request.{state.value}"),
+        literal(DeliveryStatus.PENDING.value),
+        literal(0),
+        literal(0),
+        at_ts,
+        at_ts,
+    ).where(requests_t.c.id.in_(request_ids), requests_t.c.webhook_url.is_not(None))
+    columns = [
+        "id",
+        "request_id",
+        "tenant",
+        "url",
+        "event_type",
+        "status",
+        "attempts",
+        "run_attempts",
+        "next_attempt_at",
+        "created_at",
+    ]
+    return insert(deliveries_t).from_select(columns, rows)
 
 
 def expire_stmt(now: float, reason: str, from_state: RequestState = S.QUEUED) -> Any:

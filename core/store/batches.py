@@ -284,6 +284,32 @@ class BatchVerbs(StoreBase):
             rows = (await conn.execute(query)).all()
         return [(r[0], epoch(r[1])) for r in rows]
 
+    async def finished_batches(
+        self, model: str, *, after: float | None = None, limit: int = 500
+    ) -> list[tuple[float, int, int, int, float]]:
+        """Batches of ``model`` that ran to the end, newest last: (finished at, size, prompt
+        tokens, max new tokens, model seconds). What the learned batch time is fitted on."""
+        query = select(
+            batches_t.c.finished_at,
+            batches_t.c.size,
+            batches_t.c.prompt_tokens,
+            batches_t.c.max_new_tokens,
+            batches_t.c.model_ms,
+        ).where(
+            batches_t.c.model == model,
+            batches_t.c.outcome == BatchOutcome.SUCCEEDED.value,
+            batches_t.c.model_ms.is_not(None),
+        )
+        if after is not None:
+            query = query.where(batches_t.c.finished_at > from_epoch(after))
+        query = query.order_by(batches_t.c.finished_at.desc()).limit(limit)
+        async with transaction(self.engine) as conn:
+            rows = (await conn.execute(query)).all()
+        return [
+            (epoch(r[0]), int(r[1]), int(r[2] or 0), int(r[3] or 0), float(r[4]) / 1000.0)
+            for r in reversed(rows)
+        ]
+
     async def _lock_running(
         self, conn: AsyncConnection, batch_id: uuid.UUID, only: Sequence[str] | None = None
     ) -> dict[str, dict[str, Any]]:

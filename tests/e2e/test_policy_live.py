@@ -17,7 +17,7 @@ from cli.deployment import Stack
 from cli.loadgen import open_loop, poisson_schedule
 from models.registry import load_registry
 from tests.conftest import TEST_MODELS
-from tests.e2e.conftest import db_rows, wait_terminal
+from tests.support.live import db_rows, wait_terminal
 
 ECHO = "echo-100ms"
 

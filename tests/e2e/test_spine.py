@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from cli.deployment import Stack
-from tests.e2e.conftest import db_rows, wait_terminal
+from tests.support.live import db_rows, wait_terminal
 
 ECHO = "echo-100ms"
 

@@ -158,3 +158,17 @@ def test_adaptive_fills_partial_batches_near_saturation() -> None:
     assert len(decide(pending, 0.01, 1, ADAPTIVE, T, load).batches[0]) == 31
     # ... and never holds anyone longer than one batch time.
     assert len(decide(pending[:10], 0.1, 1, ADAPTIVE, T, load).batches) == 1
+
+
+def test_length_classes_keep_short_answers_out_of_long_batches() -> None:
+    config = PolicyConfig(kind="greedy", max_batch_size=8, length_edges=(32, 256))
+    pending = [
+        req("long1", 0.000, max_tokens=512),
+        req("short1", 0.001, max_tokens=16),
+        req("mid", 0.002, max_tokens=100),
+        req("short2", 0.003, max_tokens=32),
+    ]
+    decision = decide(pending, 0.01, 3, config, T)
+    assert [ids(b) for b in decision.batches] == [["long1"], ["short1", "short2"], ["mid"]]
+    one_slot = decide(pending, 0.01, 1, config, T)
+    assert [ids(b) for b in one_slot.batches] == [["long1"]]  # FIFO across classes: no starving

@@ -1,26 +1,18 @@
-"""End-to-end helpers: an HTTP client against a running stack, and terminal-state counting."""
+"""Helpers for tests against running processes: waiting for terminal states, reading the DB."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import httpx
-import pytest
 from sqlalchemy import create_engine, text
 
 from cli.deployment import Stack
 
 TERMINAL = {"succeeded", "failed", "cancelled", "expired"}
-
-
-@pytest.fixture
-async def http(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
-    limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
-    async with httpx.AsyncClient(base_url=stack.url, timeout=60, limits=limits) as client:
-        yield client
 
 
 async def wait_terminal(

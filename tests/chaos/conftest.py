@@ -1,0 +1,89 @@
+"""Chaos tests: real processes killed, frozen and restarted; every accepted request counted.
+
+Each test ends by auditing, from Postgres, that every request it got a 202 for reached exactly
+one terminal state: none lost, none stuck, none answered twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cli.chaos import ChaosReport, audit
+from cli.deployment import Stack
+from cli.faults import start_postgres, start_rabbitmq, start_redis
+from tests.conftest import registered_test_models, server_env
+from tests.support.live import db_rows
+from tests.support.servers import delete_namespace_queues
+
+# Short leases so a dead worker is noticed in about a second.
+CHAOS_ENV = {"BATCHSERVE_LEASE_S": "1.0", "BATCHSERVE_REPUBLISH_AFTER_S": "1"}
+
+
+@pytest.fixture
+def stack(database_url: str, namespace: str, tmp_path: Path) -> Iterator[Stack]:
+    env = {**os.environ, **server_env(database_url, namespace), **CHAOS_ENV}
+    deployment = Stack(env=env, log_dir=tmp_path)
+    try:
+        yield deployment
+    finally:
+        deployment.stop_all()
+        # Whatever a test did to the servers, leave them running.
+        start_postgres()
+        start_redis()
+        start_rabbitmq_if_down()
+        delete_namespace_queues(namespace, registered_test_models())
+
+
+def start_rabbitmq_if_down() -> None:
+    from cli.faults import port_open
+
+    if not port_open(5672):
+        start_rabbitmq()
+
+
+async def submit_many(
+    http: httpx.AsyncClient, model: str, texts: list[str], **extra: Any
+) -> list[str]:
+    responses = await asyncio.gather(
+        *(http.post("/v1/requests", json={"model": model, "input": t, **extra}) for t in texts)
+    )
+    assert all(r.status_code == 202 for r in responses), [
+        r.text for r in responses if r.status_code != 202
+    ][:3]
+    return [r.json()["id"] for r in responses]
+
+
+def wait_for_running_batch(stack: Stack, model: str, timeout_s: float = 30.0) -> str:
+    """The id of a batch of ``model`` a worker has started and not finished."""
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        rows = db_rows(
+            stack,
+            "SELECT id FROM batches"
+            " WHERE model = :m AND started_at IS NOT NULL AND outcome IS NULL",
+            m=model,
+        )
+        if rows:
+            return str(rows[0][0])
+        time.sleep(0.05)
+    raise AssertionError(f"no running batch of {model} within {timeout_s}s")
+
+
+def exactly_once(stack: Stack, accepted: list[str], settle_s: float = 60.0) -> ChaosReport:
+    """Audit the accepted requests once they have settled; fail on any lost, stuck or twice."""
+    url = stack.env["BATCHSERVE_DATABASE_URL"]
+    give_up = time.monotonic() + settle_s
+    report = audit(url, accepted)
+    while report.stuck and time.monotonic() < give_up:
+        time.sleep(0.5)
+        report = audit(url, accepted)
+    assert report.clean, "\n".join(report.lines())
+    return report
