@@ -5,12 +5,6 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-# The local servers `make run` uses; `make test` gives each test its own database and queues.
-LOCAL_SERVERS := \
-	BATCHSERVE_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/batchserve \
-	BATCHSERVE_BROKER_URL=amqp://guest:guest@127.0.0.1:5672// \
-	BATCHSERVE_REDIS_URL=redis://127.0.0.1:6379/0
-
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
@@ -29,10 +23,8 @@ $(STAMP): pyproject.toml
 services:
 	./scripts/ensure-services.sh
 
-run: install services
-	./scripts/ensure-database.sh batchserve
-	$(LOCAL_SERVERS) $(BIN)/batchserve migrate
-	$(LOCAL_SERVERS) exec $(BIN)/batchserve serve --host $(HOST) --port $(PORT)
+run: install
+	./scripts/run.sh $(HOST) $(PORT)
 
 run-embedded: install
 	exec $(BIN)/batchserve serve --host $(HOST) --port $(PORT)

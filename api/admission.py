@@ -17,11 +17,27 @@ from collections.abc import Sequence
 from core.broker import RequestQueue
 from core.domain import QueueMessage, SubmitCommand
 from core.errors import IdempotencyConflict, IdempotencyInProgress, Unavailable
+from core.metrics import metrics
 from core.store import Admission, JobStore
 
 log = logging.getLogger("batchserve.admission")
 
 _Waiting = tuple[SubmitCommand, "asyncio.Future[Admission]"]
+
+
+def _observe_admitted(admissions: Sequence[Admission]) -> None:
+    """Count the requests this group committed, and log each: its history starts here."""
+    counter = metrics().admissions
+    for admission in admissions:
+        record = admission.record
+        counter.labels(record.model, record.lane.value).inc()
+        log.info(
+            "request_accepted request_id=%s model=%s lane=%s tenant=%s",
+            record.id,
+            record.model,
+            record.lane.value,
+            record.tenant,
+        )
 
 
 class Admitter:
@@ -117,6 +133,7 @@ class Admitter:
         if "exit_after_commit" in self._faults:
             os._exit(3)  # test fault: die between commit and publish
         new = [o for o in outcomes if isinstance(o, Admission) and o.message is not None]
+        _observe_admitted(new)
         await self._publish([o.message for o in new if o.message is not None])
         for (_, future), outcome in zip(group, outcomes, strict=True):
             if future.done():
@@ -154,3 +171,6 @@ class Admitter:
                 await self._store.mark_published(ids)
             except Unavailable as error:
                 log.warning("mark_published_failed count=%d error=%s", len(ids), error)
+            except asyncio.CancelledError:
+                self._published = ids + self._published  # stop() marks them
+                raise

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.services import ApiServices
+from core.store import TenantRow
 
 
 async def get_services(request: Request) -> ApiServices:
@@ -15,18 +16,28 @@ async def get_services(request: Request) -> ApiServices:
     return services
 
 
-async def get_tenant(request: Request) -> str:
-    """The caller's identity. Until API keys and tenants exist, a bearer token names the caller
-    (only its hash is kept) and everyone else is ``anonymous``.
+# Declares the scheme in the OpenAPI document; the key ring decides (and words the 401).
+bearer = HTTPBearer(auto_error=False, description="An API key: `batchserve keys create`")
+
+
+async def get_caller(
+    request: Request,
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> TenantRow:
+    """The caller's tenant, from its API key (401 problem+json without a valid one).
 
     Dependencies are ``async`` so FastAPI calls them on the event loop, not in a thread.
     """
-    auth = request.headers.get("authorization", "")
-    scheme, _, token = auth.partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        return "key:" + hashlib.sha256(token.strip().encode()).hexdigest()[:24]
-    return "anonymous"
+    services: ApiServices = request.app.state.services
+    caller = await services.keyring.authenticate(request.headers.get("authorization"))
+    request.state.tenant = caller.name  # for logs
+    return caller
+
+
+async def get_tenant(caller: Annotated[TenantRow, Depends(get_caller)]) -> str:
+    return caller.name
 
 
 Services = Annotated[ApiServices, Depends(get_services)]
+Caller = Annotated[TenantRow, Depends(get_caller)]
 Tenant = Annotated[str, Depends(get_tenant)]

@@ -7,9 +7,10 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-from api import problems
+from api import openapi, problems
 from api.limits import BodySizeLimit
-from api.routes import health, models, requests, webhooks
+from api.observe import RejectionCounter
+from api.routes import batches, files, health, models, openai, ops, requests, webhooks
 from api.services import ApiServices
 from core.settings import Settings, load_settings
 
@@ -40,9 +41,17 @@ def create_app(settings: Settings | None = None, services: ApiServices | None = 
         lifespan=lifespan,
     )
     problems.install(app)
+    openapi.install(app)
     app.include_router(health.router)
     app.include_router(requests.router)
     app.include_router(models.router)
     app.include_router(webhooks.router)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.include_router(openai.router)
+    app.include_router(files.router)
+    app.include_router(batches.router)
+    app.include_router(ops.router)
+    # Uploads may be as large as a batch file may be (multipart framing on top).
+    uploads = {"/v1/files": settings.max_file_bytes + 65_536}
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, overrides=uploads)
+    app.add_middleware(RejectionCounter)  # outermost: it sees the size guard's refusals too
     return app

@@ -26,6 +26,7 @@ from core.errors import (
     NotFound,
     Overloaded,
     QuotaExceeded,
+    Unauthorized,
     Unavailable,
 )
 
@@ -34,6 +35,7 @@ log = logging.getLogger("batchserve.api")
 PROBLEM_JSON = "application/problem+json"
 
 STATUS_BY_ERROR: list[tuple[type[BatchserveError], int]] = [
+    (Unauthorized, 401),
     (ModelNotFound, 404),
     (NotFound, 404),
     (InvalidInput, 422),
@@ -48,6 +50,7 @@ STATUS_BY_ERROR: list[tuple[type[BatchserveError], int]] = [
 
 TITLES = {
     400: "Bad request",
+    401: "Unauthorized",
     404: "Not found",
     405: "Method not allowed",
     409: "Conflict",
@@ -100,12 +103,15 @@ def _batchserve_error(request: Request, error: BatchserveError) -> Response:
     if isinstance(error, InvalidInput):
         errors = [{"field": error.field, "message": error.message, "limit": error.limit}]
         extra["field"] = error.field
+        extra["limit"] = error.limit
     if isinstance(error, ModelNotFound):
         errors = [{"field": "model", "message": error.message}]
         extra["field"] = "model"
     if isinstance(error, Overloaded):
         headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s)))
         extra.update(error.details)
+    if isinstance(error, Unauthorized):
+        headers["WWW-Authenticate"] = 'Bearer realm="batchserve"'
     if isinstance(error, Unavailable):
         headers["Retry-After"] = "1"
         extra["component"] = error.component

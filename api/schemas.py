@@ -143,6 +143,7 @@ class RequestList(BaseModel):
 class ModelOut(BaseModel):
     id: str
     object: Literal["model"] = "model"
+    created: int = 0  # OpenAI's Model object has it; the registry has no creation time
     owned_by: str = "batchserve"
     backend: str
     max_batch_size: int

@@ -5,12 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from api.admission import Admitter
+from api.auth import KeyRing
+from api.quotas import Quotas
 from api.waiters import Waiters
 from core.secretbox import SecretBox
 from core.settings import Settings
 from core.ssrf import Allowlist, UrlGuard
 from core.webhook_secrets import WebhookSecrets
 from core.wiring import Adapters, connect
+from models.tokens import PromptCounter
 
 
 @dataclass
@@ -21,6 +24,9 @@ class ApiServices:
     waiters: Waiters
     webhook_secrets: WebhookSecrets
     url_guard: UrlGuard
+    prompt_counter: PromptCounter
+    keyring: KeyRing
+    quotas: Quotas
 
     @classmethod
     def create(cls, settings: Settings, adapters: Adapters | None = None) -> ApiServices:
@@ -36,14 +42,22 @@ class ApiServices:
             Allowlist.parse(settings.webhook_allowlist),
             resolve_timeout_s=settings.webhook_resolve_timeout_s,
         )
-        return cls(settings, adapters, admitter, waiters, secrets, guard)
+        counter = PromptCounter(adapters.registry)
+        keyring = KeyRing(
+            adapters.store, required=settings.auth == "required", cache_s=settings.key_cache_s
+        )
+        quotas = Quotas(settings, adapters.store, adapters.ratelimit, adapters.loadboard)
+        return cls(settings, adapters, admitter, waiters, secrets, guard, counter, keyring, quotas)
 
     async def start(self) -> None:
         self.admitter.start()
         self.waiters.start()
+        self.quotas.start()
+        self.prompt_counter.prewarm()
 
     async def stop(self, *, close_adapters: bool = True) -> None:
         await self.admitter.stop()
         await self.waiters.stop()
+        await self.quotas.stop()
         if close_adapters:
             await self.adapters.close()

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import hashlib
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import orjson
 
 from api.schemas import SubmitRequest
 from core.domain import Lane, SubmitCommand
-from core.errors import InvalidInput, ModelNotFound
+from core.errors import ContextLengthExceeded, InvalidInput, ModelNotFound
 from core.ids import uuid7
 from core.settings import Settings
 from core.ssrf import parse_webhook_url
 from models.registry import ModelSpec, Registry
+from models.tokens import estimate_tokens
 
 MAX_IDEMPOTENCY_KEY = 255
 
@@ -36,11 +38,33 @@ def resolve_model(registry: Registry, name: str) -> ModelSpec:
 
 def estimate_prompt_tokens(body: SubmitRequest) -> int:
     """A cheap admission-time estimate (about 4 characters a token); workers count exactly."""
-    if body.messages is not None:
-        chars = sum(len(m.content) + 4 for m in body.messages)
-    else:
-        chars = len(body.input or "")
-    return max(1, chars // 4)
+    messages = [m.model_dump() for m in body.messages] if body.messages is not None else None
+    return estimate_tokens(body.input, messages)
+
+
+def _refuse_nul(body: SubmitRequest) -> None:
+    """Text is stored in Postgres, which cannot hold NUL characters: refuse them by name."""
+    texts: list[tuple[str, str]] = [("input", body.input or "")]
+    texts += [(f"messages.{i}.content", m.content) for i, m in enumerate(body.messages or [])]
+    texts += [(f"metadata.{k}", f"{k}{v}") for k, v in (body.metadata or {}).items()]
+    texts += [("params.stop", stop) for stop in body.params.stop_list() or []]
+    texts += [("webhook_url", body.webhook_url or "")]
+    for field, value in texts:
+        if "\x00" in value:
+            raise InvalidInput(f"{field} contains a NUL character", field=field)
+
+
+def check_context(spec: ModelSpec, body: SubmitRequest, prompt_tokens: int) -> None:
+    """Refuse a prompt that, with the tokens asked for, cannot fit the model's context."""
+    need = prompt_tokens + body.params.max_tokens
+    if need > spec.context_length:
+        field = "input" if body.input is not None else "messages"
+        raise ContextLengthExceeded(
+            f"the prompt has {prompt_tokens} tokens and max_tokens is {body.params.max_tokens}: "
+            f"together more than the {spec.context_length}-token context of {spec.name}",
+            field=field,
+            limit={"context_length": spec.context_length, "prompt_tokens": prompt_tokens},
+        )
 
 
 def resolve_deadline(body: SubmitRequest, settings: Settings, now: datetime) -> datetime:
@@ -93,7 +117,9 @@ def build_command(
     registry: Registry,
     settings: Settings,
     now: datetime,
+    prompt_tokens: int | None = None,
 ) -> SubmitCommand:
+    """``prompt_tokens``: the exact count when the caller has the model's tokenizer."""
     if body.input is None and body.messages is None:
         raise InvalidInput("give one of `input` (text) and `messages` (chat)", field="input")
     if body.input is not None and body.messages is not None:
@@ -101,6 +127,7 @@ def build_command(
     if body.timeout_s is not None and body.deadline is not None:
         raise InvalidInput("give at most one of `timeout_s` and `deadline`", field="deadline")
     spec = resolve_model(registry, body.model)
+    _refuse_nul(body)
     params = body.params
     if params.max_tokens > spec.max_new_tokens:
         raise InvalidInput(
@@ -116,7 +143,10 @@ def build_command(
             field=field,
             limit={"max_chars": settings.max_input_chars},
         )
-    prompt_tokens = estimate_prompt_tokens(body)
+    if prompt_tokens is None:
+        prompt_tokens = estimate_prompt_tokens(body)
+    else:
+        check_context(spec, body, prompt_tokens)
     return SubmitCommand(
         id=uuid7(),
         tenant=tenant,
@@ -140,3 +170,18 @@ def build_command(
         webhook_url=check_webhook_url(body.webhook_url),
         metadata=body.metadata,
     )
+
+
+async def exact_prompt_tokens(services: Any, body: SubmitRequest) -> int | None:
+    """The prompt's exact token count when the API holds the model's tokenizer, else ``None``."""
+    spec = services.adapters.registry.get(body.model)
+    counter = services.prompt_counter
+    if (
+        spec is None
+        or not counter.exact(spec.name)
+        or (body.input is None) == (body.messages is None)
+    ):
+        return None
+    messages = [m.model_dump() for m in body.messages] if body.messages is not None else None
+    tokens: int = await counter.count(spec, body.input, messages)
+    return tokens

@@ -17,7 +17,8 @@ from core.events import EventBus, Subscription
 class Waiters:
     def __init__(self, events: EventBus, *, fallback_poll_s: float = 0.25) -> None:
         self._events = events
-        self._waiting: dict[str, set[asyncio.Event]] = {}
+        # Per request, each waiter's event and whether only a terminal state wakes it.
+        self._waiting: dict[str, dict[asyncio.Event, bool]] = {}
         self._subscription: Subscription | None = None
         self.fallback_poll_s = fallback_poll_s
 
@@ -38,24 +39,28 @@ class Waiters:
         return None if self.healthy else self.fallback_poll_s
 
     @contextlib.contextmanager
-    def watch(self, request_id: str) -> Iterator[asyncio.Event]:
+    def watch(self, request_id: str, *, terminal_only: bool = False) -> Iterator[asyncio.Event]:
+        """An event set when the request changes state (with ``terminal_only``, when it ends:
+        a long-poll for the result does not wake, and re-read, when its batch starts)."""
         event = asyncio.Event()
-        self._waiting.setdefault(request_id, set()).add(event)
+        self._waiting.setdefault(request_id, {})[event] = terminal_only
         try:
             yield event
         finally:
             waiting = self._waiting.get(request_id)
             if waiting is not None:
-                waiting.discard(event)
+                waiting.pop(event, None)
                 if not waiting:
                     del self._waiting[request_id]
 
     def _on_event(self, event: Event) -> None:
         if not isinstance(event, StateChange):
             return
+        terminal = event.state.terminal
         for request_id in event.request_ids:
-            for waiter in self._waiting.get(request_id, ()):
-                waiter.set()
+            for waiter, terminal_only in self._waiting.get(request_id, {}).items():
+                if terminal or not terminal_only:
+                    waiter.set()
 
     def _wake_all(self) -> None:
         """After a reconnect some notifications may be lost: everyone re-reads."""

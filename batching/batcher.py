@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from batching.estimate import (
 )
 from batching.policy import Decision, Load, Pending, PolicyConfig, decide, estimate_batch_s
 from batching.rate import RateMeter
+from batching.timeline import SlotTimeline
 from core.broker import Delivery, RequestQueue
 from core.domain import (
     BatchClosed,
@@ -41,6 +43,7 @@ from core.errors import Unavailable
 from core.events import EventBus, Subscription
 from core.ids import uuid7
 from core.loadboard import LoadBoard, LoadSnapshot
+from core.metrics import metrics
 from core.slots import SlotDirectory
 from core.store import JobStore
 from models.registry import ModelSpec
@@ -73,6 +76,14 @@ class BatcherConfig:
     queue_depth_s: float = 1.0
     rate_tau_s: float = 1.0
     learn_s: float = 2.0
+    weights_s: float = 5.0  # tenants' fair-share weights are re-read this often
+    # Requeued members of a crashed batch are gathered this long before any decision.
+    group_settle_s: float = 0.05
+    # Send a slot its next batch this long before its running one is expected to end.
+    pipeline_lead_s: float = 0.02
+    # From dispatch to a batch's end, beyond its model time: hand-over to the worker, taking
+    # the lease, writing the results.
+    dispatch_overhead_s: float = 0.025
 
 
 def policy_config(spec: ModelSpec) -> PolicyConfig:
@@ -92,6 +103,10 @@ def estimator_for(spec: ModelSpec) -> BatchTimeEstimator:
     if spec.backend in ("fixed", "faulty"):
         return prior
     return LearnedBatchTime(prior)
+
+
+def _earliest(a: float, b: float | None) -> float:
+    return a if b is None else min(a, b)
 
 
 def time_limit_s(estimated_s: float) -> float:
@@ -126,8 +141,9 @@ class ModelBatcher:
         self._loadboard = loadboard
         self._clock = clock
         self.pending: dict[str, _Entry] = {}
-        self.inflight: dict[uuid.UUID, float] = {}  # batch id -> expected end
-        self.total_slots = 0
+        self.slots = SlotTimeline(lead_s=self.config.pipeline_lead_s)
+        # A batch queued behind another at its worker starts this soon after that one ends.
+        self._pickup_s = 0.005
         self.rate = RateMeter(self.config.rate_tau_s)
         self.last_dispatch_at = float("-inf")
         self._queued = {Lane.INTERACTIVE: 0, Lane.BULK: 0}
@@ -138,6 +154,8 @@ class ModelBatcher:
         self._recently_closed: dict[uuid.UUID, float] = {}
         self._learned_until: float | None = None
         self.num_dispatched = 0
+        self.weights: dict[str, float] = {}  # tenant -> fair-share weight, from the store
+        self._hold_until = float("-inf")
 
     # -- inputs ----------------------------------------------------------------------------
 
@@ -161,6 +179,11 @@ class ModelBatcher:
             entry = self.pending[message.id] = _Entry(pending, received_at)
             if fresh:
                 self.rate.observe(received_at)
+            if message.group is not None:
+                # The members of a crashed batch come back one message at a time and are
+                # overdue: let them all arrive, so they are halved as two batches, not
+                # scattered over many small ones.
+                self._hold_until = max(self._hold_until, received_at + self.config.group_settle_s)
         entry.deliveries.append(delivery)  # a duplicate (republished) joins its twin
         self._wake.set()
 
@@ -168,8 +191,9 @@ class ModelBatcher:
         if not isinstance(event, BatchClosed) or event.model != self.spec.name:
             return
         batch_id = uuid.UUID(event.batch_id)
-        self._recently_closed[batch_id] = self._clock()
-        if self.inflight.pop(batch_id, None) is not None:
+        now = self._clock()
+        self._recently_closed[batch_id] = now
+        if self.slots.release(batch_id, now, self._typical_batch_s() + self._pickup_s):
             self._wake.set()
 
     # -- the loop --------------------------------------------------------------------------
@@ -178,9 +202,11 @@ class ModelBatcher:
         now = self._clock()
         for batch_id, _lease in await self._store.open_batches(self.spec.name):
             # A previous batcher's batches still hold their slots.
-            self.inflight[batch_id] = now + self._typical_batch_s()
+            self.slots.assign(batch_id, now, self._typical_batch_s())
         self._subscription = self._events.subscribe(self.on_event, on_reconnect=self._wake.set)
         await self._refresh_slots()
+        with contextlib.suppress(Unavailable):
+            await self._refresh_weights()
         cfg = self.config
         await self._queue.consume(
             self.spec.name, Lane.INTERACTIVE, self.on_message, cfg.interactive_prefetch
@@ -190,6 +216,7 @@ class ModelBatcher:
             asyncio.create_task(self._every(cfg.slot_refresh_s, self._refresh_slots)),
             asyncio.create_task(self._every(cfg.reconcile_s, self._reconcile)),
             asyncio.create_task(self._every(cfg.queue_depth_s, self._refresh_queue_depth)),
+            asyncio.create_task(self._every(cfg.weights_s, self._refresh_weights)),
         ]
         if self._loadboard is not None:
             self._tasks.append(
@@ -200,7 +227,7 @@ class ModelBatcher:
             self.spec.name,
             self.policy.kind,
             self.policy.max_batch_size,
-            len(self.inflight),
+            len(self.slots),
         )
 
     async def run(self) -> None:
@@ -215,10 +242,14 @@ class ModelBatcher:
         while not self._stopping:
             self._wake.clear()  # before deciding: a wake-up during the decision is not lost
             now = self._clock()
-            free_slots = max(0, self.total_slots - len(self.inflight))
-            if free_slots == 0 and now < next_due:
-                # Nothing can leave without a slot; arrivals only wait. Expiry is due at next_due.
-                timeout: float | None = next_due - now
+            free_slots = self.slots.free_slots(now)
+            if now < self._hold_until:
+                timeout: float | None = self._hold_until - now
+            elif free_slots == 0 and now < next_due:
+                # Nothing can leave without a slot; arrivals only wait. Expiry is due at
+                # next_due, a slot at the timeline's next free time.
+                due = _earliest(next_due, self.slots.next_free_at(now))
+                timeout = None if math.isinf(due) else max(0.0, due - now)
             else:
                 decision = decide(
                     [e.pending for e in self.pending.values()],
@@ -237,15 +268,17 @@ class ModelBatcher:
                 if decision.batches:
                     continue  # state changed: decide again before sleeping
                 next_due = float("inf") if decision.wake_at is None else decision.wake_at
-                timeout = None if decision.wake_at is None else max(0.0, decision.wake_at - now)
+                due = _earliest(next_due, self.slots.next_free_at(now) if free_slots == 0 else None)
+                timeout = None if math.isinf(due) else max(0.0, due - now)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=timeout)
 
     def load(self, now: float) -> Load:
         return Load(
             arrival_rate=self.rate.rate(now),
-            busy_until=tuple(self.inflight.values()),
+            busy_until=self.slots.busy_until(now),
             last_dispatch_at=self.last_dispatch_at,
+            weights=self.weights,
         )
 
     def _typical_batch_s(self) -> float:
@@ -258,6 +291,13 @@ class ModelBatcher:
         longest = max(p.max_tokens for p in waiting)
         return self.estimator.batch_s(BatchShape(size, round(prompt * size), longest))
 
+    async def drain(self) -> None:
+        """Begin a graceful stop: take no more messages, and let the loop end once the batch
+        it is dispatching has left; :meth:`stop` then returns what is still pending."""
+        await self._queue.stop_consuming(self.spec.name)
+        self._stopping = True
+        self._wake.set()
+
     async def stop(self) -> None:
         self._stopping = True
         self._wake.set()
@@ -268,6 +308,17 @@ class ModelBatcher:
                 await task
         if self._subscription is not None:
             await self._subscription.close()
+        await self._release_pending()
+
+    async def _release_pending(self) -> None:
+        """Hand requests not yet in a batch back to the queue, for the standby or the next
+        batcher (they stay ``queued`` in Postgres: nothing to undo there)."""
+        entries, self.pending = list(self.pending.values()), {}
+        for entry in entries:
+            for delivery in entry.deliveries:
+                await delivery.release()
+        if entries:
+            log.info("pending_released model=%s count=%d", self.spec.name, len(entries))
 
     # -- outputs ---------------------------------------------------------------------------
 
@@ -313,7 +364,7 @@ class ModelBatcher:
                 for c in claimed
             ),
         )
-        self.inflight[batch_id] = now + estimated_s
+        self.slots.assign(batch_id, now, estimated_s + self.config.dispatch_overhead_s)
         self.last_dispatch_at = now
         try:
             await self._dispatcher.dispatch(
@@ -323,21 +374,42 @@ class ModelBatcher:
             # Claimed but not handed over: put the members back ourselves rather than wait
             # for the dispatch lease to run out.
             log.warning("dispatch_failed batch_id=%s error=%s", batch_id, error)
-            self.inflight.pop(batch_id, None)
+            self.slots.release(batch_id, self._clock())
             reaped = await self._store.reap_batch(
                 batch_id, now=self._clock(), outcome=BatchOutcome.ABANDONED
             )
             with contextlib.suppress(Unavailable):
                 await self._queue.publish(reaped.requeued)
+        else:
+            self._observe_dispatch(message)
         self.num_dispatched += 1
         log.info(
             "batch_dispatched model=%s batch_id=%s size=%d free_after=%d",
             self.spec.name,
             batch_id,
             len(claimed),
-            max(0, self.total_slots - len(self.inflight)),
+            self.slots.free_slots(self._clock()),
         )
         await self._settle(ids)
+
+    def _observe_dispatch(self, message: BatchMessage) -> None:
+        """Batch size and fill, and each member's waits (the same spans as its timings)."""
+        model = self.spec.name
+        found = metrics()
+        found.batches_dispatched.labels(model).inc()
+        found.batch_size.labels(model).observe(len(message.items))
+        found.batch_fill_ratio.labels(model).observe(
+            len(message.items) / self.policy.max_batch_size
+        )
+        for item in message.items:
+            entry = self.pending.get(item.request_id)
+            lane = entry.pending.lane.value if entry is not None else Lane.INTERACTIVE.value
+            found.queue_wait.labels(model, lane).observe(
+                max(0.0, item.received_at - item.created_at)
+            )
+            found.batch_wait.labels(model, lane).observe(
+                max(0.0, message.dispatched_at - item.received_at)
+            )
 
     async def _settle(self, ids: list[str]) -> None:
         for request_id in ids:
@@ -360,31 +432,33 @@ class ModelBatcher:
 
     async def _refresh_slots(self) -> None:
         total = await self._slots.total_slots(self.spec.name, self._clock())
-        if total is not None and total != self.total_slots:
+        if total is not None and total != self.slots.capacity:
             log.info("slots_changed model=%s total=%d", self.spec.name, total)
-            grew = total > self.total_slots
-            self.total_slots = total
+            grew = total > self.slots.capacity
+            self.slots.resize(total)
             if grew:
                 self._wake.set()
 
     async def _reconcile(self) -> None:
-        """Make in-flight batches match Postgres: free slots whose batch-closed event was
+        """Make the slot timeline match Postgres: free slots whose batch-closed event was
         missed (Redis down, batch reaped) and count batches another batcher dispatched (after a
         standby takes over)."""
         started = self._clock()
-        known = set(self.inflight)
+        known = self.slots.batches()
         open_now = {batch_id for batch_id, _ in await self._store.open_batches(self.spec.name)}
         # Batches dispatched while the query ran are not in its answer yet: leave them be.
-        dispatched_since = set(self.inflight) - known
-        freed = [b for b in self.inflight if b not in open_now and b not in dispatched_since]
+        freed = [b for b in known if b not in open_now]
         for batch_id in freed:
-            self.inflight.pop(batch_id, None)
-        for batch_id in open_now - self.inflight.keys() - self._recently_closed.keys():
-            self.inflight[batch_id] = started + self._typical_batch_s()
+            self.slots.release(batch_id, self._clock())
+        for batch_id in open_now - self.slots.batches() - self._recently_closed.keys():
+            self.slots.assign(batch_id, started, self._typical_batch_s())
         horizon = started - 60.0
         self._recently_closed = {b: t for b, t in self._recently_closed.items() if t > horizon}
         if freed:
             self._wake.set()
+
+    async def _refresh_weights(self) -> None:
+        self.weights = await self._store.tenant_weights()
 
     async def _refresh_queue_depth(self) -> None:
         for lane in Lane:
@@ -395,8 +469,8 @@ class ModelBatcher:
     async def _publish_load(self) -> None:
         assert self._loadboard is not None
         now = self._clock()
-        busy = sorted(max(now, t) for t in self.inflight.values())
-        idle = max(0, self.total_slots - len(busy))
+        busy = sorted(self.slots.busy_until(now))
+        idle = max(0, self.slots.capacity - len(busy))
         by_lane = {Lane.INTERACTIVE: 0, Lane.BULK: 0}
         for entry in self.pending.values():
             by_lane[entry.pending.lane] += 1
@@ -404,8 +478,8 @@ class ModelBatcher:
             LoadSnapshot(
                 model=self.spec.name,
                 at=now,
-                slots=self.total_slots,
-                slot_free_at=tuple([now] * idle + busy[: self.total_slots]),
+                slots=self.slots.capacity,
+                slot_free_at=tuple([now] * idle + busy[: self.slots.capacity]),
                 pending_interactive=by_lane[Lane.INTERACTIVE],
                 pending_bulk=by_lane[Lane.BULK],
                 queued_interactive=self._queued[Lane.INTERACTIVE],

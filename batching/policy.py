@@ -10,8 +10,9 @@ deadline cannot be met even if it were dispatched now is expired without running
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from batching.estimate import BatchShape, BatchTimeEstimator
 from core.domain import Lane
@@ -67,6 +68,7 @@ class Load:
     arrival_rate: float = 0.0  # requests/s, recently observed
     busy_until: tuple[float, ...] = ()  # expected end of each batch now running
     last_dispatch_at: float = -math.inf  # when the latest batch left
+    weights: Mapping[str, float] = field(default_factory=dict)  # tenant -> share (default 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +95,7 @@ def decide(
     for group in _groups_in_order(alive, config.length_edges):
         remaining = list(group)
         while remaining and free_slots > len(batches):
-            batch, full = _fill(remaining, config)
+            batch, full = _fill(remaining, config, load.weights)
             slots = free_slots + len(load.busy_until)
             leave_at = (
                 float("-inf")
@@ -177,16 +179,19 @@ def _groups_in_order(alive: Sequence[Pending], length_edges: Sequence[int]) -> l
     return retries + sorted(fresh, key=lambda members: _order_key(members[0]))
 
 
-def _fill(ordered: Sequence[Pending], config: PolicyConfig) -> tuple[list[Pending], bool]:
-    """The next batch, in order, within the count limit and the token budget; and whether full.
+def _fill(
+    ordered: Sequence[Pending], config: PolicyConfig, weights: Mapping[str, float]
+) -> tuple[list[Pending], bool]:
+    """The next batch within the count limit and the token budget; and whether it is full.
 
-    A batch is full when it reached the count limit or when the token budget turned a waiting
-    request away: waiting longer could not make it any fuller.
+    Seats go to tenants by weighted fair share (see :func:`fair_order`), interactive lane
+    first. A batch is full when it reached the count limit or when the token budget turned a
+    waiting request away: waiting longer could not make it any fuller.
     """
     batch: list[Pending] = []
     tokens = 0
     turned_away = False
-    for p in ordered:
+    for p in fair_order(ordered, weights):
         if len(batch) >= config.max_batch_size:
             return batch, True
         budget = config.max_batch_tokens
@@ -196,6 +201,37 @@ def _fill(ordered: Sequence[Pending], config: PolicyConfig) -> tuple[list[Pendin
         batch.append(p)
         tokens += p.cost_tokens
     return batch, turned_away or len(batch) >= config.max_batch_size
+
+
+def fair_order(ordered: Sequence[Pending], weights: Mapping[str, float]) -> list[Pending]:
+    """``ordered`` interleaved so tenants take turns, each in proportion to its weight.
+
+    Weighted round robin with a deficit counter, lane by lane (interactive before bulk), FIFO
+    within a tenant, tenants served in the order of their oldest request. One enthusiastic
+    caller with a thousand requests waiting then takes its share of each batch, not all of it.
+    """
+    if len({p.tenant for p in ordered}) <= 1:
+        return list(ordered)
+    out: list[Pending] = []
+    for lane in (Lane.INTERACTIVE, Lane.BULK):
+        queues: dict[str, deque[Pending]] = {}
+        for p in ordered:
+            if p.lane is lane:
+                queues.setdefault(p.tenant, deque()).append(p)
+        if not queues:
+            continue
+        smallest = min(weights.get(t, 1.0) for t in queues)
+        credit = dict.fromkeys(queues, 0.0)
+        while queues:
+            for tenant in list(queues):
+                credit[tenant] += weights.get(tenant, 1.0) / smallest
+                queue = queues[tenant]
+                while credit[tenant] >= 1.0 and queue:
+                    out.append(queue.popleft())
+                    credit[tenant] -= 1.0
+                if not queue:
+                    del queues[tenant]
+    return out
 
 
 def _leave_at(

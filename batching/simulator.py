@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from batching.admission import estimate_finish
@@ -104,6 +104,7 @@ class _State:
     free: list[int]
     busy_until: dict[int, float] = field(default_factory=dict)
     last_dispatch_at: float = -math.inf
+    weights: dict[str, float] = field(default_factory=dict)
     pending: dict[str, Pending] = field(default_factory=dict)
     next_wake: float = math.inf
 
@@ -117,6 +118,7 @@ def simulate(
     run_time: RunTime | None = None,
     admission: bool = False,
     rate_tau_s: float = 1.0,
+    weights: Mapping[str, float] | None = None,
 ) -> SimResult:
     """Run ``arrivals`` through the policy on ``workers`` simulated slots.
 
@@ -126,7 +128,7 @@ def simulate(
     """
     run = run_time or (lambda batch: estimate_batch_s(batch, estimator))
     result = SimResult(outcomes={}, workers=workers)
-    state = _State(free=list(range(workers)))
+    state = _State(free=list(range(workers)), weights=dict(weights or {}))
     rate = RateMeter(rate_tau_s)
     events: list[tuple[float, int, int, object]] = []
     seq = 0
@@ -172,6 +174,7 @@ def _load(state: _State, arrival_rate: float) -> Load:
         arrival_rate=arrival_rate,
         busy_until=tuple(state.busy_until.values()),
         last_dispatch_at=state.last_dispatch_at,
+        weights=state.weights,
     )
 
 

@@ -159,9 +159,24 @@ def capacity(
         float | None, typer.Option(help="Mean batch size (default: full)")
     ] = None,
     headroom: Annotated[float, typer.Option(help="Share of capacity kept for bursts")] = 0.25,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="Plan for this model from its measured batches (the configured database): "
+            "batch size limit from the registry, batch time fitted on what workers reported"
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document")] = False,
 ) -> None:
     """Worker count from rate, batch size, batch time and headroom."""
+    measured: dict[str, object] = {}
+    if model is not None:
+        max_batch, batch_time_ms, measured = measured_batch_time(model)
+        if not as_json:
+            console.print(
+                f"{model}: {measured['batches']} measured batches; a full batch of the typical "
+                f"shape takes {batch_time_ms:.0f} ms (fitted)"
+            )
     try:
         plan = plan_capacity(
             rate_rps=rate,
@@ -187,6 +202,7 @@ def capacity(
                     "min_utilization": round(plan.min_utilization, 4),
                     "recommended_utilization": round(plan.recommended_utilization, 4),
                     "options": [asdict(o) for o in plan.options],
+                    **({"model": model, "measured": measured} if model else {}),
                 },
                 indent=2,
             )
@@ -212,3 +228,47 @@ def capacity(
         table.add_row(str(o.workers), f"{o.capacity_rps:.0f}", f"{o.utilization:.1%}", note)
     console.print(table)
     console.print(plan.explain())
+
+
+def measured_batch_time(model: str) -> tuple[int, float, dict[str, object]]:
+    """The registry's batch size limit and the batch time learned from ``model``'s finished
+    batches, for a full batch shaped like the typical measured one."""
+    import statistics
+
+    from batching.batcher import estimator_for
+    from batching.estimate import BatchObservation, BatchShape, LearnedBatchTime
+    from cli.keys import with_store
+    from core.settings import load_settings
+    from models.registry import load_registry
+
+    settings = load_settings()
+    spec = load_registry(settings.models).get(model)
+    if spec is None:
+        raise typer.BadParameter(f"unknown model {model}", param_hint="--model")
+    rows = with_store(
+        settings.effective_database_url, lambda store: store.finished_batches(model, limit=2000)
+    )
+    if not rows:
+        raise typer.BadParameter(
+            f"no finished batches of {model} yet: run some traffic first", param_hint="--model"
+        )
+    fitted = LearnedBatchTime(estimator_for(spec), window=len(rows), min_observations=4)
+    fitted.observe_all(
+        BatchObservation(BatchShape(size, prompt, steps), seconds)
+        for _at, size, prompt, steps, seconds in rows
+    )
+    per_request_prompt = sum(r[2] for r in rows) / max(1, sum(r[1] for r in rows))
+    steps = int(statistics.median(r[3] for r in rows))
+    size = spec.max_batch_size
+    batch_s = fitted.batch_s(BatchShape(size, round(per_request_prompt * size), steps))
+    return (
+        size,
+        batch_s * 1000.0,
+        {
+            "batches": len(rows),
+            "mean_batch_size": round(statistics.fmean(r[1] for r in rows), 2),
+            "median_model_ms": round(statistics.median(r[4] for r in rows) * 1000.0, 1),
+            "typical_steps": steps,
+            "coefficients": fitted.coefficients,
+        },
+    )

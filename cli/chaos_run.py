@@ -140,6 +140,7 @@ async def run_plan(settings: Settings, plan: ChaosPlan, log_dir: Path, keep: boo
                 deployment.stack.url,
                 poisson_schedule(plan.rate, plan.duration_s, plan.seed),
                 traffic_body(plan.model, plan.seed),
+                headers=deployment.stack.auth(),
                 on_accepted=cancel_some,
             )
         )

@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import redis
@@ -53,10 +54,23 @@ class Stack:
     log_dir: Path
     port: int = field(default_factory=free_port)
     roles: dict[str, Role] = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict)  # tenant -> API key
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def make_key(self, tenant: str = "default", **quotas: Any) -> str:
+        """A new API key for ``tenant`` in this deployment's (migrated) database."""
+        from cli.keys import create_key_blocking
+
+        return create_key_blocking(self.env["BATCHSERVE_DATABASE_URL"], tenant, **quotas)
+
+    def auth(self, tenant: str = "default") -> dict[str, str]:
+        """``Authorization`` for ``tenant``, one key per tenant made on first use."""
+        if tenant not in self.keys:
+            self.keys[tenant] = self.make_key(tenant)
+        return {"Authorization": f"Bearer {self.keys[tenant]}"}
 
     def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> Role:
         """Start a role (``api``, ``batcher``, ``worker``, ``maintenance``) under ``name``.

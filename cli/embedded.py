@@ -15,7 +15,7 @@ import uvicorn
 from api.main import create_app
 from api.services import ApiServices
 from batching.batcher import ModelBatcher
-from cli.roles import batcher_config, maintenance_config
+from cli.roles import batcher_config, job_driver, maintenance_config
 from core.migrate import upgrade
 from core.settings import Settings
 from core.slots import MemorySlotDirectory
@@ -67,6 +67,7 @@ class EmbeddedStack:
             queue=self.adapters.queue,
             events=self.adapters.events,
             config=maintenance_config(settings),
+            jobs=job_driver(self.adapters),
         )
         # Webhooks: the same deliverer as the webhooks role, its attempts as tasks of this loop.
         self.deliverer = create_deliverer(self.adapters.store, settings)

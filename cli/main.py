@@ -37,6 +37,9 @@ def _settings(role: str) -> Settings:
 def serve(host: Host = "127.0.0.1", port: Port = 8000) -> None:
     """Every role on this machine, supervised (embedded when no servers are configured)."""
     settings = _settings("serve")
+    from cli.keys import announce_first_key
+
+    announce_first_key(settings)
     if settings.embedded:
         from cli.embedded import run_embedded
 
@@ -49,7 +52,11 @@ def serve(host: Host = "127.0.0.1", port: Port = 8000) -> None:
     upgrade(settings.effective_database_url)
     registry = load_registry(settings.models)
     children = plan_children(
-        host, port, registry.names(), {s.name: s.slots for s in registry.specs()}
+        host,
+        port,
+        registry.names(),
+        {s.name: s.slots for s in registry.specs()},
+        metrics_port=settings.metrics_port,
     )
     raise typer.Exit(Supervisor(children).run(ready_url=f"http://{host}:{port}"))
 
@@ -126,9 +133,14 @@ def submit(
     max_tokens: Annotated[int, typer.Option(help="Most tokens to generate")] = 64,
     wait: Annotated[float, typer.Option(help="Seconds to wait for the result; 0 = don't")] = 30.0,
     idempotency_key: Annotated[str | None, typer.Option(help="Idempotency-Key header")] = None,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="BATCHSERVE_API_KEY", help="API key (bsk_...)")
+    ] = None,
 ) -> None:
     """Submit one prompt and print the request (with its result when --wait)."""
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
     body = {"model": model, "input": text, "params": {"max_tokens": max_tokens}}
     with httpx.Client(base_url=url, timeout=wait + 10) as client:
         response = client.post("/v1/requests", json=body, headers=headers)
@@ -137,7 +149,9 @@ def submit(
             raise typer.Exit(1)
         request = response.json()
         if wait > 0:
-            request = client.get(f"/v1/requests/{request['id']}", params={"wait": wait}).json()
+            auth = {k: v for k, v in headers.items() if k == "Authorization"}
+            path = f"/v1/requests/{request['id']}"
+            request = client.get(path, params={"wait": wait}, headers=auth).json()
     typer.echo(json.dumps(request, indent=2))
 
 
@@ -148,9 +162,23 @@ app.command("simulate")(_simulate)
 app.command("capacity")(_capacity)
 
 
+from cli.bench import bench as _bench  # noqa: E402
 from cli.chaos_run import chaos as _chaos  # noqa: E402
 
 app.command("chaos")(_chaos)
+app.command("bench")(_bench)
+
+from cli.batch import app as _batch_app  # noqa: E402
+
+app.add_typer(_batch_app, name="batch")
+
+from cli.keys import app as _keys_app  # noqa: E402
+
+app.add_typer(_keys_app, name="keys")
+
+from cli.status import status as _status  # noqa: E402
+
+app.command("status")(_status)
 
 
 def main() -> None:

@@ -6,15 +6,18 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Awaitable, Callable
 
 import uvicorn
 
 from batching.batcher import BatcherConfig, ModelBatcher
+from core.metrics import serve_role_metrics
 from core.settings import Settings
 from core.wiring import Adapters, connect
 from models.registry import ModelSpec
 from workers.celery_app import create_celery
 from workers.dispatch import CeleryDispatcher
+from workers.jobs import JobDriver
 from workers.maintenance import Maintenance, MaintenanceConfig
 
 log = logging.getLogger("batchserve")
@@ -31,6 +34,15 @@ def maintenance_config(settings: Settings) -> MaintenanceConfig:
     )
 
 
+def job_driver(adapters: Adapters) -> JobDriver:
+    return JobDriver(
+        store=adapters.store,
+        queue=adapters.queue,
+        registry=adapters.registry,
+        settings=adapters.settings,
+    )
+
+
 def select_models(adapters: Adapters, names: list[str] | None) -> list[ModelSpec]:
     registry = adapters.registry
     wanted = names or registry.names()
@@ -42,7 +54,13 @@ def select_models(adapters: Adapters, names: list[str] | None) -> list[ModelSpec
     return [spec for n in wanted if (spec := registry.get(n)) is not None]
 
 
-async def _until_signalled(*tasks: asyncio.Task[None]) -> None:
+async def _until_signalled(
+    *tasks: asyncio.Task[None],
+    drain: Callable[[], Awaitable[None]] | None = None,
+    grace_s: float = 10.0,
+) -> None:
+    """Run ``tasks`` until SIGTERM/SIGINT; then ``drain`` (a graceful stop the tasks end on by
+    themselves) and give them ``grace_s`` to end before cancelling them."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -53,6 +71,10 @@ async def _until_signalled(*tasks: asyncio.Task[None]) -> None:
         if task in done and (error := task.exception()) is not None:
             raise error
     stopper.cancel()
+    if drain is not None and stopper in done:
+        log.info("draining grace_s=%.0f", grace_s)
+        await drain()
+        await asyncio.wait(tasks, timeout=grace_s)
     for task in tasks:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -78,21 +100,28 @@ async def run_batcher(settings: Settings, models: list[str] | None) -> None:
         for spec in specs
     ]
     try:
-        await _until_signalled(*(asyncio.create_task(b.run()) for b in batchers))
+        serve_role_metrics(settings, "batcher")
+
+        async def drain() -> None:
+            await asyncio.gather(*(b.drain() for b in batchers))
+
+        await _until_signalled(*(asyncio.create_task(b.run()) for b in batchers), drain=drain)
     finally:
         dispatcher.close()
         await adapters.close()
 
 
 async def run_maintenance(settings: Settings) -> None:
-    adapters = connect(settings, pool_size=2)
+    adapters = connect(settings, pool_size=4)
     maintenance = Maintenance(
         store=adapters.store,
         queue=adapters.queue,
         events=adapters.events,
         config=maintenance_config(settings),
+        jobs=job_driver(adapters),
     )
     try:
+        serve_role_metrics(settings, "maintenance")
         await _until_signalled(asyncio.create_task(maintenance.run()))
     finally:
         await adapters.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -23,9 +24,11 @@ class Child:
     started_at: float = 0.0
     backoff_s: float = 0.5
     history: list[float] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
 
     def start(self) -> None:
-        self.process = subprocess.Popen(self.argv, start_new_session=False)
+        env = {**os.environ, **self.env} if self.env else None
+        self.process = subprocess.Popen(self.argv, start_new_session=False, env=env)
         self.started_at = time.monotonic()
         log.info("child_started name=%s pid=%d", self.name, self.process.pid)
 
@@ -106,7 +109,15 @@ def role_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "cli", *args]
 
 
-def plan_children(host: str, port: int, models: list[str], slots: dict[str, int]) -> list[Child]:
+def plan_children(
+    host: str,
+    port: int,
+    models: list[str],
+    slots: dict[str, int],
+    metrics_port: int | None = None,
+) -> list[Child]:
+    """The roles of one machine. With ``metrics_port``, each role but the API (which serves
+    ``/metrics`` itself) gets an exporter port of its own, counting up from it."""
     children = [
         Child("api", role_argv("api", "--host", host, "--port", str(port))),
         Child("batcher", role_argv("batcher")),
@@ -120,4 +131,8 @@ def plan_children(host: str, port: int, models: list[str], slots: dict[str, int]
                 role_argv("worker", "--model", model, "--slots", str(slots.get(model, 1))),
             )
         )
+    if metrics_port is not None:
+        for offset, child in enumerate(c for c in children if c.name != "api"):
+            child.env["BATCHSERVE_METRICS_PORT"] = str(metrics_port + offset)
+            log.info("metrics_port role=%s port=%d", child.name, metrics_port + offset)
     return children

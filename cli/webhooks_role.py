@@ -15,6 +15,8 @@ def run_webhooks_role(settings: Settings) -> None:
             err=True,
         )
         raise typer.Exit(2)
+    from core.metrics import serve_role_metrics
     from workers.webhooks.worker import run_webhooks
 
+    serve_role_metrics(settings, "webhooks")
     run_webhooks(settings, loglevel=settings.log_level)

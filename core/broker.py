@@ -15,7 +15,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustConnection
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustConnection,
+)
 from aiormq.exceptions import AMQPError
 
 from core.domain import Lane, QueueMessage
@@ -41,6 +46,10 @@ class Delivery(ABC):
     async def ack(self) -> None:
         """Settle the message; a failure (channel gone) means it will be redelivered."""
 
+    async def release(self) -> None:
+        """Give the message back to the queue, for the next consumer (a graceful stop)."""
+        return None
+
 
 Handler = Callable[[QueueMessage, Delivery], Awaitable[None]]
 
@@ -59,6 +68,10 @@ class RequestQueue(ABC):
     async def depth(self, model: str, lane: Lane) -> int | None:
         return None
 
+    async def stop_consuming(self, model: str) -> None:
+        """Stop delivering ``model``'s messages to this process (the standby takes over)."""
+        return None
+
     async def close(self) -> None:
         return None
 
@@ -74,6 +87,7 @@ class MemoryRequestQueue(RequestQueue):
     def __init__(self) -> None:
         self._queues: dict[tuple[str, Lane], asyncio.Queue[QueueMessage]] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._pumps: dict[str, list[asyncio.Task[None]]] = {}
 
     def _queue(self, model: str, lane: Lane) -> asyncio.Queue[QueueMessage]:
         return self._queues.setdefault((model, lane), asyncio.Queue())
@@ -91,7 +105,15 @@ class MemoryRequestQueue(RequestQueue):
                 message = await queue.get()
                 await handler(message, delivery)
 
-        self._tasks.append(asyncio.create_task(pump()))
+        task = asyncio.create_task(pump())
+        self._tasks.append(task)
+        self._pumps.setdefault(model, []).append(task)
+
+    async def stop_consuming(self, model: str) -> None:
+        for task in self._pumps.pop(model, []):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def depth(self, model: str, lane: Lane) -> int | None:
         return self._queue(model, lane).qsize()
@@ -118,6 +140,12 @@ class _RabbitDelivery(Delivery):
             # The channel died (broker restart): the message comes back and its twin is found.
             log.debug("ack_failed error=%r (the message will be redelivered)", error)
 
+    async def release(self) -> None:
+        try:
+            await self._message.nack(requeue=True)
+        except (AMQPError, RuntimeError, ConnectionError) as error:
+            log.debug("release_failed error=%r (the channel's end returns it)", error)
+
 
 class RabbitRequestQueue(RequestQueue):
     def __init__(self, url: str, prefix: str, *, publish_timeout_s: float = 5.0) -> None:
@@ -127,6 +155,7 @@ class RabbitRequestQueue(RequestQueue):
         self._connection: AbstractRobustConnection | None = None
         self._publish_channel: AbstractChannel | None = None
         self._declared: set[str] = set()
+        self._consumers: dict[str, list[tuple[AbstractQueue, str]]] = {}
         self._lock = asyncio.Lock()
         self._channel_lock = asyncio.Lock()
 
@@ -208,7 +237,15 @@ class RabbitRequestQueue(RequestQueue):
                 return
             await handler(message, _RabbitDelivery(incoming))
 
-        await queue.consume(on_message)
+        tag = await queue.consume(on_message)
+        self._consumers.setdefault(model, []).append((queue, tag))
+
+    async def stop_consuming(self, model: str) -> None:
+        for queue, tag in self._consumers.pop(model, []):
+            try:
+                await queue.cancel(tag)
+            except (AMQPError, RuntimeError, ConnectionError, OSError) as error:
+                log.debug("cancel_consumer_failed model=%s error=%r", model, error)
 
     async def depth(self, model: str, lane: Lane) -> int | None:
         try:

@@ -47,6 +47,8 @@ class ErrorCode(StrEnum):
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     MODEL_ERROR = "model_error"
     CANCELLED = "cancelled"
+    BATCH_EXPIRED = "batch_expired"  # the bulk job's completion window passed first
+    BATCH_CANCELLED = "batch_cancelled"  # the bulk job was cancelled first
 
 
 def utcnow() -> datetime:
@@ -82,6 +84,10 @@ class SubmitCommand:
     fingerprint: str | None = None
     webhook_url: str | None = None
     metadata: dict[str, str] | None = None
+    # Set for the requests of a bulk job: the job, the line's custom_id, its line number.
+    job_id: uuid.UUID | None = None
+    custom_id: str | None = None
+    job_line: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +303,7 @@ class DeliveryRecord:
     """A webhook delivery as the API shows it; ``id`` is the ``webhook-id`` header."""
 
     id: str
-    request_id: uuid.UUID
+    request_id: uuid.UUID | None  # None for a bulk job's delivery (``job_id``)
     tenant: str
     url: str
     event_type: str
@@ -326,11 +332,12 @@ class DeliveryStart:
     token: str
     number: int  # this attempt's number, counting every attempt ever made
     run_attempts: int  # attempts in the current run of the retry schedule, this one included
-    request_id: uuid.UUID
+    request_id: uuid.UUID | None
     tenant: str
     url: str
     event_type: str
     created_at: datetime
+    job_id: uuid.UUID | None = None  # the subject of ``batch.*`` events
 
 
 def encode_event(event: Event) -> bytes:

@@ -37,6 +37,18 @@ class UnsafeWebhookUrl(InvalidInput):
         super().__init__(message, field="webhook_url")
 
 
+class ContextLengthExceeded(InvalidInput):
+    """The prompt and the tokens asked for do not fit the model's context."""
+
+    code = "context_length_exceeded"
+
+
+class Unauthorized(BatchserveError):
+    """No API key, or one that is unknown, malformed or revoked."""
+
+    code = "unauthorized"
+
+
 class NotFound(BatchserveError):
     code = "not_found"
 
@@ -99,3 +111,20 @@ class Unavailable(BatchserveError):
     def __init__(self, message: str, *, component: str) -> None:
         super().__init__(message, component=component)
         self.component = component
+
+
+class RequestFailed(BatchserveError):
+    """A request a caller waited for ended without an answer (``error_code`` says why)."""
+
+    code = "request_failed"
+
+    def __init__(self, message: str, *, error_code: str | None, state: str) -> None:
+        super().__init__(message, error_code=error_code, state=state)
+        self.error_code = error_code
+        self.state = state
+
+
+class WaitTimedOut(BatchserveError):
+    """A synchronous call's request did not finish in the time the call may wait."""
+
+    code = "timeout"

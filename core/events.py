@@ -122,7 +122,9 @@ class RedisEventBus(EventBus):
                 backoff_s = 0.1
                 if on_reconnect is not None:
                     on_reconnect()
-                while True:
+                # Checked on every wake-up too: redis-py can swallow a cancellation that lands
+                # inside get_message, and close() must still end this loop.
+                while not subscription._closed:
                     message = await pubsub.get_message(timeout=5.0)
                     if message is None:
                         await pubsub.ping()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
@@ -37,4 +38,31 @@ def uuid7() -> uuid.UUID:
     value |= counter << 64
     value |= 0b10 << 62
     value |= rand
+    return uuid.UUID(int=value)
+
+
+def uuid7_floor(epoch_s: float) -> uuid.UUID:
+    """The smallest UUIDv7 of that instant: ``id >= uuid7_floor(t)`` selects what was created
+    since ``t`` through the primary key's index, with no index on a time column."""
+    value = ((int(epoch_s * 1000) & ((1 << 48) - 1)) << 80) | (0x7 << 76) | (0b10 << 62)
+    return uuid.UUID(int=value)
+
+
+LINE_BITS = 20  # lines of one bulk job: up to 1,048,576 (BATCHSERVE_BATCH_MAX_REQUESTS is lower)
+
+
+def job_request_id(job_id: uuid.UUID, line: int) -> uuid.UUID:
+    """The id of line ``line`` of a bulk job: the same every time it is computed.
+
+    Ingest that dies halfway is resumed by inserting the same ids again (conflicts are
+    skipped). The layout is still a UUIDv7: the job's millisecond, then the line number, then
+    bits of a hash of the job id, so a job's requests sort by line and after older requests.
+    """
+    if not 0 <= line < (1 << LINE_BITS):
+        raise ValueError(f"line {line} out of range")
+    job_ms = job_id.int >> 80
+    digest = int.from_bytes(hashlib.blake2b(job_id.bytes, digest_size=8).digest(), "big")
+    rest = (line << (74 - LINE_BITS)) | (digest & ((1 << (74 - LINE_BITS)) - 1))
+    value = (job_ms << 80) | (0x7 << 76) | ((rest >> 62) << 64) | (0b10 << 62)
+    value |= rest & ((1 << 62) - 1)
     return uuid.UUID(int=value)

@@ -48,6 +48,9 @@ def command_row(cmd: SubmitCommand) -> dict[str, Any]:
         "attempts": 0,
         "failures": 0,
         "created_at": cmd.created_at,
+        "job_id": cmd.job_id,
+        "custom_id": cmd.custom_id,
+        "job_line": cmd.job_line,
     }
 
 

@@ -28,6 +28,10 @@ class Settings(BaseSettings):
     env: Literal["development", "production"] = "development"
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
+    # Prometheus exporter of the roles without an HTTP port of their own (batcher, worker,
+    # maintenance, webhooks); the API serves /metrics on its port. Unset: no exporter.
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    metrics_host: str = "127.0.0.1"
 
     # Admission limits.
     max_body_bytes: int = 1_048_576
@@ -36,6 +40,29 @@ class Settings(BaseSettings):
     max_timeout_s: float = 7 * 86_400.0
     max_wait_s: float = 60.0
     idempotency_retention_s: float = 86_400.0
+
+    # Tenants. ``required``: every /v1 call needs an API key; ``disabled``: every caller is the
+    # tenant ``anonymous`` (a single-user development server).
+    auth: Literal["required", "disabled"] = "required"
+    key_cache_s: float = Field(
+        default=5.0, ge=0, description="How long the API trusts a key lookup (revocation delay)"
+    )
+    # Quotas of a tenant that sets none of its own (``batchserve keys create --max-queued ...``).
+    tenant_max_queued: int = Field(
+        default=10_000, ge=1, description="Unfinished interactive requests per tenant"
+    )
+    tenant_rate_per_s: float = Field(
+        default=0.0, ge=0, description="Submissions per second per tenant; 0: unlimited"
+    )
+    tenant_burst: int = Field(default=0, ge=0, description="Token-bucket depth; 0: 2 s of rate")
+    tenant_max_bulk_in_flight: int = Field(
+        default=200_000, ge=1, description="Unfinished bulk requests per tenant"
+    )
+    # Per model, the interactive backlog is bounded by this many seconds of its capacity.
+    max_queue_s: float = Field(default=120.0, gt=0, description="Backlog bound, in seconds")
+    min_backlog: int = Field(
+        default=1_000, ge=1, description="Backlog always accepted (no workers yet, cold start)"
+    )
 
     # Execution.
     max_failures: int = Field(
@@ -68,6 +95,29 @@ class Settings(BaseSettings):
     # all decrypt (to rotate the key). Unset in development: a key file under ``home``.
     secret_key: SecretStr | None = None
 
+    # Bulk jobs (the OpenAI Batch API) and the synchronous OpenAI endpoints.
+    max_file_bytes: int = Field(
+        default=200 * 1024 * 1024, ge=1, description="Largest file POST /v1/files accepts"
+    )
+    batch_max_requests: int = Field(
+        default=50_000, ge=1, le=1 << 20, description="Most lines in one batch input file"
+    )
+    batch_max_line_bytes: int = Field(
+        default=1_048_576, ge=1, description="Longest line of a batch input file"
+    )
+    batch_min_window_s: float = Field(
+        default=86_400.0, gt=0, description="Shortest completion_window accepted (24h)"
+    )
+    batch_max_window_s: float = Field(
+        default=86_400.0, gt=0, description="Longest completion_window accepted (24h)"
+    )
+    batch_ingest_chunk: int = Field(
+        default=5_000, ge=1, description="Requests persisted and published per round"
+    )
+    openai_timeout_s: float = Field(
+        default=600.0, gt=0, description="How long /v1/chat/completions waits for its answer"
+    )
+
     # Test-only fault injection points, e.g. "exit_after_commit". Never set in production.
     faults: str = ""
 
@@ -92,6 +142,8 @@ class Settings(BaseSettings):
         _check_fernet_keys(self.secret_key_list)
         if not self.retry_schedule_s and self.webhook_retry_schedule.strip():
             raise ValueError("BATCHSERVE_WEBHOOK_RETRY_SCHEDULE: comma-separated seconds")
+        if self.batch_min_window_s > self.batch_max_window_s:
+            raise ValueError("BATCHSERVE_BATCH_MIN_WINDOW_S exceeds BATCHSERVE_BATCH_MAX_WINDOW_S")
         if self.webhook_lease_s <= self.webhook_timeout_s:
             raise ValueError("BATCHSERVE_WEBHOOK_LEASE_S must exceed BATCHSERVE_WEBHOOK_TIMEOUT_S")
         return self

@@ -14,6 +14,7 @@ from sqlalchemy import (
     Float,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -87,6 +88,10 @@ class Request(Base):
     created_at: Mapped[datetime] = _ts(nullable=False)
     published_at: Mapped[datetime | None] = _ts()
     finished_at: Mapped[datetime | None] = _ts()
+    # A request of a bulk job: the job, the caller's custom_id, and its line in the input file.
+    job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    custom_id: Mapped[str | None] = mapped_column(String(512))
+    job_line: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (
         UniqueConstraint("tenant", "idempotency_key"),
@@ -95,6 +100,14 @@ class Request(Base):
         Index("ix_requests_tenant_id", "tenant", "id"),
         Index("ix_requests_state_deadline", "state", "deadline"),
         Index("ix_requests_batch_id", "batch_id"),
+        # Progress counts and "is every request of the job finished?" read only this index.
+        Index(
+            "ix_requests_job_id_state",
+            "job_id",
+            "state",
+            postgresql_where=sa_text("job_id IS NOT NULL"),
+            sqlite_where=sa_text("job_id IS NOT NULL"),
+        ),
         Index(
             "ix_requests_unpublished",
             "created_at",
@@ -172,7 +185,9 @@ class WebhookDelivery(Base):
     __tablename__ = "webhook_deliveries"
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
-    request_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    # The subject: a request, or (for ``batch.*`` events) a bulk job.
+    request_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     tenant: Mapped[str] = mapped_column(String(64))
     url: Mapped[str] = mapped_column(Text)
     event_type: Mapped[str] = mapped_column(String(32))
@@ -192,6 +207,7 @@ class WebhookDelivery(Base):
     __table_args__ = (
         CheckConstraint(f"status IN ({DELIVERY_STATUSES})", name="status"),
         Index("ix_webhook_deliveries_request_id", "request_id"),
+        Index("ix_webhook_deliveries_job_id", "job_id"),
         Index(
             "ix_webhook_deliveries_due",
             "next_attempt_at",
@@ -246,7 +262,120 @@ class WebhookEndpoint(Base):
     disabled_reason: Mapped[str | None] = mapped_column(Text)
 
 
+FILE_PURPOSES = "'batch','batch_output'"
+
+
+class File(Base):
+    """An uploaded batch input file, or a job's generated output or error file."""
+
+    __tablename__ = "files"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64))
+    purpose: Mapped[str] = mapped_column(String(32))
+    filename: Mapped[str] = mapped_column(String(255))
+    size_bytes: Mapped[int] = mapped_column("bytes", BigInteger)
+    # The whole file: Postgres bytea (TOASTed, compressed), bounded by BATCHSERVE_MAX_FILE_BYTES.
+    content: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = _ts(nullable=False)
+
+    __table_args__ = (
+        CheckConstraint(f"purpose IN ({FILE_PURPOSES})", name="purpose"),
+        Index("ix_files_tenant_id", "tenant", "id"),
+    )
+
+
+JOB_STATUSES = (
+    "'validating','failed','in_progress','finalizing','completed','expired','cancelling',"
+    "'cancelled'"
+)
+
+ACTIVE_JOBS = "status IN ('validating','in_progress','finalizing','cancelling')"
+
+
+class BatchJob(Base):
+    """A bulk job in the OpenAI Batch format: its input file, window, status and timestamps.
+
+    ``total``, ``completed`` and ``failed`` are frozen when the job ends; until then they are
+    counted from its requests. Ingest is leased (``lease_token``), and ``ingested_lines`` says how
+    far it got, so a driver that dies mid-ingest is taken over where it stopped.
+    """
+
+    __tablename__ = "batch_jobs"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    completion_window: Mapped[str] = mapped_column(String(16))
+    input_file_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    output_file_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    error_file_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    model: Mapped[str | None] = mapped_column(String(128))
+    job_metadata: Mapped[dict[str, str] | None] = mapped_column("metadata", JSONType)
+    webhook_url: Mapped[str | None] = mapped_column(Text)
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONType)
+    total: Mapped[int] = mapped_column(Integer, default=0)
+    completed: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    ingested_lines: Mapped[int] = mapped_column(Integer, default=0)
+    lease_token: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    lease_expires_at: Mapped[datetime | None] = _ts()
+    created_at: Mapped[datetime] = _ts(nullable=False)
+    expires_at: Mapped[datetime] = _ts(nullable=False)
+    in_progress_at: Mapped[datetime | None] = _ts()
+    finalizing_at: Mapped[datetime | None] = _ts()
+    completed_at: Mapped[datetime | None] = _ts()
+    failed_at: Mapped[datetime | None] = _ts()
+    expired_at: Mapped[datetime | None] = _ts()
+    cancelling_at: Mapped[datetime | None] = _ts()
+    cancelled_at: Mapped[datetime | None] = _ts()
+
+    __table_args__ = (
+        CheckConstraint(f"status IN ({JOB_STATUSES})", name="status"),
+        Index("ix_batch_jobs_tenant_id", "tenant", "id"),
+        Index(
+            "ix_batch_jobs_active",
+            "status",
+            "expires_at",
+            postgresql_where=sa_text(ACTIVE_JOBS),
+            sqlite_where=sa_text(ACTIVE_JOBS),
+        ),
+    )
+
+
 # Typed handles for Core statements (the declarative classes type ``__table__`` loosely).
+class Tenant(Base):
+    """A caller of the API: its fair-share weight and its quotas (NULL: the deployment default)."""
+
+    __tablename__ = "tenants"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    max_queued: Mapped[int | None] = mapped_column(Integer)
+    rate_per_s: Mapped[float | None] = mapped_column(Float)
+    burst: Mapped[int | None] = mapped_column(Integer)
+    max_bulk_in_flight: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = _ts(nullable=False)
+
+    __table_args__ = (CheckConstraint("weight > 0", name="weight"),)
+
+
+class ApiKey(Base):
+    """An API key: its public id and the SHA-256 of the whole key, never the key itself."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64))
+    key_sha256: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str | None] = mapped_column(String(128))
+    created_at: Mapped[datetime] = _ts(nullable=False)
+    revoked_at: Mapped[datetime | None] = _ts()
+
+    __table_args__ = (Index("ix_api_keys_tenant", "tenant"),)
+
+
 requests_table = cast(Table, Request.__table__)
 batches_table = cast(Table, Batch.__table__)
 events_table = cast(Table, RequestEvent.__table__)
@@ -254,3 +383,7 @@ deliveries_table = cast(Table, WebhookDelivery.__table__)
 attempts_table = cast(Table, WebhookAttempt.__table__)
 secrets_table = cast(Table, WebhookSecret.__table__)
 endpoints_table = cast(Table, WebhookEndpoint.__table__)
+files_table = cast(Table, File.__table__)
+jobs_table = cast(Table, BatchJob.__table__)
+tenants_table = cast(Table, Tenant.__table__)
+keys_table = cast(Table, ApiKey.__table__)

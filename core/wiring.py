@@ -13,6 +13,7 @@ from core.db import create_engine
 from core.domain import Lane
 from core.events import EventBus, MemoryEventBus, RedisEventBus
 from core.loadboard import LoadBoard, MemoryLoadBoard, RedisLoadBoard
+from core.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from core.settings import Settings
 from core.slots import MemorySlotDirectory, RedisSlotDirectory, SlotDirectory
 from core.store import JobStore
@@ -29,9 +30,15 @@ class Adapters:
     events: EventBus
     slots: SlotDirectory
     loadboard: LoadBoard
+    ratelimit: RateLimiter
 
     async def close(self) -> None:
-        for closer in (self.queue.close, self.events.close, self.loadboard.close):
+        for closer in (
+            self.queue.close,
+            self.events.close,
+            self.loadboard.close,
+            self.ratelimit.close,
+        ):
             with contextlib.suppress(Exception):
                 await closer()
         if isinstance(self.slots, RedisSlotDirectory):
@@ -65,16 +72,19 @@ def connect(settings: Settings, *, pool_size: int = 10, events: EventBus | None 
     queue: RequestQueue
     slots: SlotDirectory
     loadboard: LoadBoard
+    ratelimit: RateLimiter
     if settings.embedded:
         events = events or MemoryEventBus()
         queue = MemoryRequestQueue()
         slots = MemorySlotDirectory()
         loadboard = MemoryLoadBoard()
+        ratelimit = MemoryRateLimiter()
     else:
         assert settings.broker_url and settings.redis_url
         events = events or RedisEventBus(settings.redis_url, settings.name("events"))
         queue = RabbitRequestQueue(settings.broker_url, settings.namespace)
         slots = RedisSlotDirectory(settings.redis_url, settings.key_prefix)
         loadboard = RedisLoadBoard(settings.redis_url, settings.key_prefix)
+        ratelimit = RedisRateLimiter(settings.redis_url, settings.key_prefix)
     store = JobStore(engine, max_failures=settings.max_failures, on_change=events.publish)
-    return Adapters(settings, registry, engine, store, queue, events, slots, loadboard)
+    return Adapters(settings, registry, engine, store, queue, events, slots, loadboard, ratelimit)

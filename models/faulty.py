@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 
 from core.domain import BatchItem, ItemResult
-from models.base import prompt_text
+from models.base import OnResult, prompt_text
 from models.fixed import FixedBackend
 from models.registry import ModelSpec
 
@@ -23,7 +23,9 @@ class FaultyBackend(FixedBackend):
         super().__init__(spec)
         self.stall_s = float(spec.options.get("stall_s", 3600))
 
-    def run(self, items: Sequence[BatchItem]) -> list[ItemResult]:
+    def run(
+        self, items: Sequence[BatchItem], on_result: OnResult | None = None
+    ) -> list[ItemResult]:
         texts = [prompt_text(item.input, item.messages) for item in items]
         if any("[[crash]]" in t for t in texts):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -32,7 +34,7 @@ class FaultyBackend(FixedBackend):
         if any("[[raise]]" in t for t in texts):
             time.sleep(self.batch_time_s)
             raise RuntimeError("faulty backend: a [[raise]] marker was in the batch")
-        results = super().run(items)
+        results = super().run(items, on_result)
         return [
             ItemResult(
                 request_id=r.request_id,

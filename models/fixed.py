@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 
 from core.domain import BatchItem, ItemResult
-from models.base import Backend, prompt_text
+from models.base import Backend, OnResult, prompt_text
 from models.registry import ModelSpec
 
 
@@ -14,7 +14,9 @@ class FixedBackend(Backend):
     def __init__(self, spec: ModelSpec) -> None:
         self.batch_time_s = spec.batch_time_ms / 1000.0
 
-    def run(self, items: Sequence[BatchItem]) -> list[ItemResult]:
+    def run(
+        self, items: Sequence[BatchItem], on_result: OnResult | None = None
+    ) -> list[ItemResult]:
         deadline = time.perf_counter() + self.batch_time_s
         results = [self.answer(item) for item in items]
         remaining = deadline - time.perf_counter()

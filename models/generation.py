@@ -19,6 +19,8 @@ import torch
 DecodeFn = Callable[[Sequence[int]], str]
 # Asked between steps with a row's request id: True drops the row as cancelled.
 ShouldStop = Callable[[str], bool]
+# Told, with its index, about each row the moment it finishes.
+OnRowDone = Callable[[int, "RowOutput"], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +95,7 @@ def generate(
     eos_ids: frozenset[int],
     decode: DecodeFn,
     should_stop: ShouldStop | None = None,
+    on_row_done: OnRowDone | None = None,
 ) -> BatchOutput:
     """Generate a continuation for every row, one batched forward pass per step."""
     device = model.device
@@ -111,6 +114,8 @@ def generate(
             states[i].push(token_id, eos_ids, decode)
             if states[i].finish_reason is None and should_stop and should_stop(rows[i].request_id):
                 states[i].finish_reason = "cancelled"
+            if states[i].finish_reason is not None and on_row_done is not None:
+                on_row_done(i, states[i].output(eos_ids, decode))
         keep = [b for b, i in enumerate(live) if states[i].finish_reason is None]
         if not keep:
             break

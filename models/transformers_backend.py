@@ -25,8 +25,8 @@ import torch
 
 from core.domain import BatchItem, ErrorCode, ItemResult
 from core.settings import Settings
-from models.base import Backend
-from models.generation import RowRequest, ShouldStop, generate
+from models.base import Backend, OnResult
+from models.generation import RowOutput, RowRequest, ShouldStop, generate
 from models.registry import ModelSpec
 
 # Every file this backend loads is local: a worker that silently fetched gigabytes from the hub (or
@@ -205,8 +205,11 @@ class TransformersBackend(Backend):
         """The exact number of prompt tokens, chat template included."""
         return len(encode_prompt(self.tokenizer, input_text, messages))
 
-    def run(self, items: Sequence[BatchItem]) -> list[ItemResult]:
-        """Generate every item in one batch; an item that cannot fit fails alone."""
+    def run(
+        self, items: Sequence[BatchItem], on_result: OnResult | None = None
+    ) -> list[ItemResult]:
+        """Generate every item in one batch; an item that cannot fit fails alone. Each row's
+        result goes to ``on_result`` as soon as that row stops generating."""
         started = time.perf_counter()
         results: dict[int, ItemResult] = {}
         runnable: list[tuple[int, RowRequest]] = []
@@ -222,6 +225,11 @@ class TransformersBackend(Backend):
                 runnable.append((index, row))
         padded_prompt_len = steps = 0
         if runnable:
+
+            def row_done(position: int, out: RowOutput) -> None:
+                if on_result is not None:
+                    on_result(_row_result(runnable[position][1], out))
+
             with torch.inference_mode():
                 batch = generate(
                     self.model,
@@ -230,16 +238,11 @@ class TransformersBackend(Backend):
                     eos_ids=self.eos_ids,
                     decode=self._decode,
                     should_stop=self.should_stop,
+                    on_row_done=row_done,
                 )
             padded_prompt_len, steps = batch.padded_prompt_len, batch.steps
             for (index, row), out in zip(runnable, batch.rows, strict=True):
-                results[index] = ItemResult(
-                    request_id=row.request_id,
-                    output=out.text,
-                    finish_reason=out.finish_reason,
-                    prompt_tokens=len(row.prompt_ids),
-                    completion_tokens=len(out.token_ids),
-                )
+                results[index] = _row_result(row, out)
         ordered = [results[i] for i in range(len(items))]
         self.last_batch_stats = {
             "size": len(runnable),
@@ -287,6 +290,16 @@ class TransformersBackend(Backend):
         del self.model
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _row_result(row: RowRequest, out: RowOutput) -> ItemResult:
+    return ItemResult(
+        request_id=row.request_id,
+        output=out.text,
+        finish_reason=out.finish_reason,
+        prompt_tokens=len(row.prompt_ids),
+        completion_tokens=len(out.token_ids),
+    )
 
 
 def _item_error(

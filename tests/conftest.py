@@ -15,7 +15,7 @@ import pytest
 from cli.deployment import Stack
 from core.migrate import upgrade
 from core.settings import Settings
-from tests.support import servers
+from tests.support import keys, servers
 
 TEST_MODELS = Path(__file__).parent / "models.toml"
 _counter = itertools.count(1)
@@ -50,6 +50,7 @@ def template_db(live_servers: None, run_id: str) -> Iterator[str]:
     name = f"{servers.DB_PREFIX}{run_id}_template"
     servers.create_database(name)
     upgrade(servers.pg_url(name))
+    keys.install(servers.pg_url(name))
     yield name
     servers.drop_database(name)
 
@@ -76,6 +77,8 @@ def server_env(database_url: str, namespace: str, **overrides: str) -> dict[str,
         "BATCHSERVE_MODELS": str(TEST_MODELS),
         "BATCHSERVE_LOG_LEVEL": "INFO",
         "BATCHSERVE_REPUBLISH_AFTER_S": "2",
+        # For clients the tests start (load generators); the servers don't read it.
+        "BATCHSERVE_API_KEY": keys.key(),
     }
     env.update(overrides)
     return env
@@ -97,7 +100,7 @@ def registered_test_models() -> list[str]:
 @pytest.fixture
 def stack(database_url: str, namespace: str, tmp_path: Path) -> Iterator[Stack]:
     env = {**os.environ, **server_env(database_url, namespace)}
-    deployment = Stack(env=env, log_dir=tmp_path)
+    deployment = Stack(env=env, log_dir=tmp_path, keys={"tests": keys.key()})
     try:
         yield deployment
     finally:
@@ -109,7 +112,9 @@ def stack(database_url: str, namespace: str, tmp_path: Path) -> Iterator[Stack]:
 async def http(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
     """A client of the stack's API (start the API first)."""
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
-    async with httpx.AsyncClient(base_url=stack.url, timeout=60, limits=limits) as client:
+    async with httpx.AsyncClient(
+        base_url=stack.url, timeout=60, limits=limits, headers=keys.auth()
+    ) as client:
         yield client
 
 

@@ -53,7 +53,9 @@ def create_celery(settings: Settings, models: Iterable[str], *, webhooks: bool =
         # message itself is not redelivered as a whole.
         task_reject_on_worker_lost=False,
         task_acks_on_failure_or_timeout=True,
-        worker_prefetch_multiplier=1,
+        # Each slot holds one batch beyond the one it runs: the batcher sends the next batch
+        # just before the running one ends, and the pool starts it without a round trip.
+        worker_prefetch_multiplier=2,
         task_ignore_result=True,
         task_serializer="json",
         accept_content=["json"],

@@ -1,4 +1,5 @@
-"""Maintenance: reap expired leases, expire overdue requests, republish, prune old keys.
+"""Maintenance: reap expired leases, expire overdue requests, republish, prune old keys, and
+drive bulk jobs (``workers.jobs``) alongside.
 
 Every step is a conditional write, so several maintenance processes may run at once.
 """
@@ -6,6 +7,7 @@ Every step is a conditional write, so several maintenance processes may run at o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -16,6 +18,7 @@ from core.domain import BatchClosed, BatchOutcome
 from core.errors import Unavailable
 from core.events import EventBus
 from core.store import JobStore
+from workers.jobs import JobDriver
 
 log = logging.getLogger("batchserve.maintenance")
 
@@ -46,9 +49,11 @@ class Maintenance:
         queue: RequestQueue,
         events: EventBus,
         config: MaintenanceConfig | None = None,
+        jobs: JobDriver | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._store = store
+        self._jobs = jobs
         self._queue = queue
         self._events = events
         self.config = config or MaintenanceConfig()
@@ -58,6 +63,18 @@ class Maintenance:
 
     async def run(self) -> None:
         log.info("maintenance_started tick_s=%.2f", self.config.tick_s)
+        # Ingest and output files take seconds: the job driver runs beside the tick, not in it,
+        # so a long ingest never delays lease reaping.
+        driver = asyncio.create_task(self._jobs.run()) if self._jobs is not None else None
+        try:
+            await self._loop()
+        finally:
+            if driver is not None:
+                driver.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await driver
+
+    async def _loop(self) -> None:
         while True:
             try:
                 report = await self.tick(self._clock())

@@ -11,17 +11,32 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from core.broker import RequestQueue
-from core.domain import BatchClosed, BatchItem, BatchMessage, BatchOutcome, ItemResult, Timings
+from core.domain import (
+    BatchClosed,
+    BatchItem,
+    BatchMessage,
+    BatchOutcome,
+    Event,
+    ItemResult,
+    RequestState,
+    StateChange,
+    Timings,
+)
 from core.errors import Unavailable
-from core.events import EventBus
+from core.events import EventBus, Subscription
+from core.logs import annotate, bind
+from core.metrics import metrics
 from core.store import BatchStart, ItemOutcome, JobStore, Reaped
-from models.base import Backend
+from models.base import Backend, OnResult
 
 log = logging.getLogger("batchserve.worker")
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,22 +46,24 @@ class RunOutput:
     num_runs: int
 
 
-def run_isolating(backend: Backend, items: Sequence[BatchItem]) -> RunOutput:
+def run_isolating(
+    backend: Backend, items: Sequence[BatchItem], on_result: OnResult | None = None
+) -> RunOutput:
     """Run ``items``; if the batch raises, halve it until each culprit is alone.
 
     With one culprit among ``n`` items this costs at most ``2*log2(n)`` extra runs, and every
     other item still gets its answer.
     """
     try:
-        return RunOutput(list(backend.run(items)), [], 1)
+        return RunOutput(list(backend.run(items, on_result)), [], 1)
     except Exception as error:  # the model's failure, whatever it is, is isolated not spread
         if len(items) == 1:
             message = f"{type(error).__name__}: {error}"
             log.warning("item_failed_alone request_id=%s error=%s", items[0].request_id, message)
             return RunOutput([], [(items[0].request_id, message)], 1)
         half = len(items) // 2
-        left = run_isolating(backend, items[:half])
-        right = run_isolating(backend, items[half:])
+        left = run_isolating(backend, items[:half], on_result)
+        right = run_isolating(backend, items[half:], on_result)
         return RunOutput(
             left.results + right.results,
             left.failed_alone + right.failed_alone,
@@ -75,72 +92,130 @@ class BatchRunner:
         self._lease_s = lease_s
         self._write_patience_s = write_patience_s
         self._clock = clock
+        self._cancelled: dict[str, float] = {}  # request id -> when we heard
+        # Batches whose model is through and whose results are still being written, with the
+        # model's time: the next start records them (see JobStore.start_batch).
+        self._writing: dict[uuid.UUID, float] = {}
+        self._subscription: Subscription | None = None
 
-    async def run(self, message: BatchMessage) -> None:
-        batch_id = uuid.UUID(message.batch_id)
-        start = await self._store.start_batch(
-            batch_id, self.worker_id, self._clock(), self._lease_s
-        )
-        if start is None:
-            log.info("batch_skipped batch_id=%s (finished, reaped or running elsewhere)", batch_id)
-            return
-        if isinstance(start, Reaped):
-            log.warning(
-                "batch_crashed_before batch_id=%s requeued=%d", batch_id, len(start.requeued)
+    def _watch_cancellations(self) -> None:
+        """Let the model stop generating for a request cancelled while its batch runs."""
+        if self._subscription is None:
+            self._subscription = self._events.subscribe(self._on_event)
+            self._backend.should_stop = self._cancelled.__contains__
+
+    def _on_event(self, event: Event) -> None:
+        if isinstance(event, StateChange) and event.state is RequestState.CANCELLED:
+            now = self._clock()
+            for request_id in event.request_ids:
+                self._cancelled[request_id] = now
+            if len(self._cancelled) > 10_000:  # forget the old ones: their batches are long done
+                horizon = now - 600.0
+                self._cancelled = {r: t for r, t in self._cancelled.items() if t > horizon}
+                self._backend.should_stop = self._cancelled.__contains__
+
+    async def run(
+        self, message: BatchMessage, model_done: Callable[[], None] | None = None
+    ) -> None:
+        """Run one batch and store its results (everything on this event loop)."""
+        with bind(batch_id=message.batch_id, model=message.model):
+            batch = await self.open(message)
+            try:
+                output = await asyncio.to_thread(batch.run_model) if batch.ours else None
+            finally:
+                if model_done is not None:
+                    model_done()
+            await batch.conclude(output)
+
+    async def open(self, message: BatchMessage) -> OpenBatch:
+        """Take the batch's lease. The model must not start before: a worker that dies running
+        it is then known to have started it, and the batch is halved rather than resent whole.
+        Then run the model in any thread (:meth:`OpenBatch.run_model`) and let
+        :meth:`OpenBatch.conclude` store what it made, on this loop."""
+        self._watch_cancellations()
+        batch = OpenBatch(self, message)
+        await batch.started()
+        return batch
+
+    async def _start(self, batch_id: uuid.UUID) -> BatchStart | Reaped | None:
+        async def attempt() -> BatchStart | Reaped | None:
+            return await self._store.start_batch(
+                batch_id,
+                self.worker_id,
+                self._clock(),
+                self._lease_s,
+                models_done=dict(self._writing),
             )
-            await self._finish(message, BatchOutcome.CRASHED, start)
-            return
-        await self._run_started(message, start)
 
-    async def _run_started(self, message: BatchMessage, start: BatchStart) -> None:
+        return await self._with_patience(batch_id, attempt)
+
+    async def _hold_lease(
+        self, batch_id: uuid.UUID, starting: asyncio.Task[BatchStart | Reaped | None]
+    ) -> None:
+        """Once the lease is ours, renew it until the batch's results are stored."""
+        start = await starting
+        if isinstance(start, BatchStart):
+            await self._keep_lease(batch_id, start.attempt)
+
+    async def _store_results(
+        self,
+        message: BatchMessage,
+        start: BatchStart,
+        output: RunOutput,
+        model_started: float,
+        finished: float,
+        written_early: Collection[str] = (),
+    ) -> None:
         batch_id = uuid.UUID(message.batch_id)
         items = [i for i in message.items if i.request_id in start.live_ids]
-        async with self._lease_kept(batch_id, start.attempt):
-            model_started = self._clock()
-            if items:
-                output = await asyncio.to_thread(run_isolating, self._backend, items)
-            else:
-                output = RunOutput([], [], 0)
-            finished = self._clock()
-            model_ms = (finished - model_started) * 1000.0
-            by_id = {i.request_id: i for i in items}
-            outcomes = [
-                ItemOutcome(r, _timings(by_id[r.request_id], message, model_ms, finished))
-                for r in output.results
-            ]
-            write = functools.partial(
-                self._store.complete_batch,
-                batch_id,
-                attempt=start.attempt,
-                outcomes=outcomes,
-                failed_alone=output.failed_alone,
-                now=finished,
-                model_ms=model_ms,
-                prompt_tokens=sum(r.prompt_tokens for r in output.results),
-                max_new_tokens=max((int(i.params.get("max_tokens", 0)) for i in items), default=0),
-                generated_tokens=sum(r.completion_tokens for r in output.results),
-            )
-            reaped = await self._write_results(batch_id, write)
+        model_ms = (finished - model_started) * 1000.0
+        by_id = {i.request_id: i for i in items}
+        outcomes = [
+            ItemOutcome(r, _timings(by_id[r.request_id], message, model_ms, finished))
+            for r in output.results
+            if r.request_id in by_id
+        ]
+        results = [o.result for o in outcomes]
+        write = functools.partial(
+            self._store.complete_batch,
+            batch_id,
+            attempt=start.attempt,
+            outcomes=outcomes,
+            failed_alone=[f for f in output.failed_alone if f[0] in by_id],
+            now=finished,
+            model_ms=model_ms,
+            prompt_tokens=sum(r.prompt_tokens for r in results),
+            max_new_tokens=max((int(i.params.get("max_tokens", 0)) for i in items), default=0),
+            generated_tokens=sum(r.completion_tokens for r in results),
+        )
+        reaped = await self._with_patience(batch_id, write)
         if reaped is None:
             log.warning("batch_result_discarded batch_id=%s (lease lost: stale attempt)", batch_id)
+            metrics().batches_finished.labels(message.model, "stale").inc()
             return
+        found = metrics()
+        found.batches_finished.labels(message.model, "succeeded").inc()
+        found.model_time.labels(message.model).observe(model_ms / 1000.0)
+        observe_latency(
+            message.model, [o for o in outcomes if o.result.request_id not in written_early]
+        )
         log.info(
-            "batch_done batch_id=%s model=%s size=%d model_ms=%.1f runs=%d failed_alone=%d",
+            "batch_done batch_id=%s model=%s attempt=%d size=%d model_ms=%.1f runs=%d "
+            "failed_alone=%d",
             batch_id,
             message.model,
+            start.attempt,
             len(items),
             model_ms,
             output.num_runs,
             len(output.failed_alone),
         )
-        await self._finish(message, BatchOutcome.SUCCEEDED, reaped)
+        await self._republish(message, reaped)
 
-    async def _write_results(
-        self, batch_id: uuid.UUID, write: Callable[[], Awaitable[Reaped | None]]
-    ) -> Reaped | None:
-        """Write the results, retrying while the database is away (a restart takes seconds):
-        the model already ran, and its answers are worth the wait. The lease stays renewed
-        meanwhile; if it is lost anyway, the write is fenced out and the batch runs again."""
+    async def _with_patience(self, batch_id: uuid.UUID, write: Callable[[], Awaitable[T]]) -> T:
+        """Retry while the database is away (a restart takes seconds): the model ran, and its
+        answers are worth the wait. The lease stays renewed meanwhile; if it is lost anyway,
+        the write is fenced out and the batch runs again."""
         give_up = time.monotonic() + self._write_patience_s
         delay_s = 0.1
         while True:
@@ -153,13 +228,18 @@ class BatchRunner:
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, 2.0)
 
-    async def _finish(self, message: BatchMessage, outcome: BatchOutcome, reaped: Reaped) -> None:
-        if reaped.requeued:
-            try:
-                await self._queue.publish(reaped.requeued)
-                await self._store.mark_published([m.id for m in reaped.requeued])
-            except Unavailable as error:  # maintenance republishes what stays unpublished
-                log.warning("requeue_publish_failed batch_id=%s error=%s", message.batch_id, error)
+    async def _republish(self, message: BatchMessage, reaped: Reaped) -> None:
+        """Put requests a reap or a retry sent back to the queue on the broker."""
+        if not reaped.requeued:
+            return
+        try:
+            await self._queue.publish(reaped.requeued)
+            await self._store.mark_published([m.id for m in reaped.requeued])
+        except Unavailable as error:  # maintenance republishes what stays unpublished
+            log.warning("requeue_publish_failed batch_id=%s error=%s", message.batch_id, error)
+
+    async def _announce(self, message: BatchMessage, outcome: BatchOutcome) -> None:
+        """Tell the batcher the slot is free (it may already have sent the next batch)."""
         await self._events.publish(
             BatchClosed(
                 model=message.model,
@@ -168,17 +248,6 @@ class BatchRunner:
                 worker=self.worker_id,
             )
         )
-
-    @contextlib.asynccontextmanager
-    async def _lease_kept(self, batch_id: uuid.UUID, attempt: int) -> AsyncIterator[None]:
-        """Renew the batch's lease while the model runs and its results are written."""
-        heartbeat = asyncio.create_task(self._keep_lease(batch_id, attempt))
-        try:
-            yield
-        finally:
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
 
     async def _keep_lease(self, batch_id: uuid.UUID, attempt: int) -> None:
         period_s = self._lease_s / 3.0
@@ -195,6 +264,13 @@ class BatchRunner:
                 return
 
 
+def observe_latency(model: str, outcomes: Sequence[ItemOutcome]) -> None:
+    """End-to-end latency of each request whose result this write stored."""
+    histogram = metrics().latency.labels(model)
+    for outcome in outcomes:
+        histogram.observe(outcome.timings.total_ms / 1000.0)
+
+
 def _timings(item: BatchItem, message: BatchMessage, model_ms: float, finished: float) -> Timings:
     return Timings(
         queued_ms=max(0.0, (item.received_at - item.created_at) * 1000.0),
@@ -202,3 +278,142 @@ def _timings(item: BatchItem, message: BatchMessage, model_ms: float, finished: 
         model_ms=model_ms,
         total_ms=max(0.0, (finished - item.created_at) * 1000.0),
     )
+
+
+class OpenBatch:
+    """A batch whose model may run while its lease is being taken, on this worker."""
+
+    def __init__(self, runner: BatchRunner, message: BatchMessage) -> None:
+        self.runner = runner
+        self.message = message
+        self.batch_id = uuid.UUID(message.batch_id)
+        self.starting = asyncio.create_task(runner._start(self.batch_id))
+        self._holding = asyncio.create_task(runner._hold_lease(self.batch_id, self.starting))
+        self.model_started = runner._clock()
+        self.early = _EarlyResults(runner, message, self.starting, self.model_started)
+        self.ours = False
+        self.isolating = False
+
+    async def started(self) -> None:
+        start = await self.starting
+        self.ours = isinstance(start, BatchStart)
+        self.isolating = isinstance(start, BatchStart) and start.isolating
+
+    def run_model(self) -> RunOutput:
+        """Blocking: run the model over the batch (results of early finishers go out first)."""
+        self.model_started = self.runner._clock()
+        return run_isolating(self.runner._backend, list(self.message.items), self.early.hand_over)
+
+    async def conclude(self, output: RunOutput | None) -> None:
+        """Announce the free slot and store the results (``None``: the model did not run)."""
+        runner, message = self.runner, self.message
+        finished = runner._clock()
+        if output is not None:
+            runner._writing[self.batch_id] = (finished - self.model_started) * 1000.0
+        try:
+            start = await self.starting
+            await self.early.close()
+            if start is None:
+                log.info("batch_skipped batch_id=%s (finished, reaped or elsewhere)", self.batch_id)
+                return
+            if isinstance(start, Reaped):
+                log.warning(
+                    "batch_crashed_before batch_id=%s requeued=%d",
+                    self.batch_id,
+                    len(start.requeued),
+                )
+                metrics().batches_finished.labels(message.model, "crashed").inc()
+                await runner._announce(message, BatchOutcome.CRASHED)
+                await runner._republish(message, start)
+                return
+            assert output is not None
+            annotate(attempt=start.attempt)
+            await runner._announce(message, BatchOutcome.SUCCEEDED)
+            await runner._store_results(
+                message, start, output, self.model_started, finished, self.early.written
+            )
+        finally:
+            runner._writing.pop(self.batch_id, None)
+            self._holding.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # start's own error
+                await self._holding  # surfaced above, through ``starting``
+            if not self.starting.done():
+                self.starting.cancel()
+
+
+class _EarlyResults:
+    """Writes the results of members that finish before the rest of their batch.
+
+    The model thread hands each over as it is final; a task on the event loop writes them in
+    small groups, fenced like the batch's own write. A member written early is skipped by the
+    batch's final write (it is no longer running).
+    """
+
+    def __init__(
+        self,
+        runner: BatchRunner,
+        message: BatchMessage,
+        starting: asyncio.Task[BatchStart | Reaped | None],
+        model_started: float,
+    ) -> None:
+        self._runner = runner
+        self._message = message
+        self._starting = starting
+        self._model_started = model_started
+        self._items = {i.request_id: i for i in message.items}
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[ItemResult | None] = asyncio.Queue()
+        self.written: set[str] = set()
+        self._task = asyncio.create_task(self._write_forever())
+
+    def hand_over(self, result: ItemResult) -> None:
+        """Called from the model's thread."""
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, result)
+
+    async def close(self) -> None:
+        self._queue.put_nowait(None)
+        await self._task
+
+    async def _write_forever(self) -> None:
+        done = False
+        while not done:
+            group: list[ItemResult] = []
+            item = await self._queue.get()
+            while item is not None:
+                group.append(item)
+                if self._queue.empty():
+                    break
+                item = self._queue.get_nowait()
+            done = item is None
+            if group:
+                await self._write(group)
+
+    async def _write(self, group: list[ItemResult]) -> None:
+        start = await self._starting
+        if not isinstance(start, BatchStart):
+            return  # not our batch to write
+        group = [r for r in group if r.request_id in start.live_ids]
+        now = self._runner._clock()
+        model_ms = (now - self._model_started) * 1000.0
+        outcomes = [
+            ItemOutcome(r, _timings(self._items[r.request_id], self._message, model_ms, now))
+            for r in group
+            if r.request_id in self._items
+        ]
+        try:
+            written = await self._runner._store.complete_items(
+                uuid.UUID(self._message.batch_id),
+                attempt=start.attempt,
+                outcomes=outcomes,
+                now=now,
+            )
+        except Unavailable as error:  # the batch's final write carries them too
+            log.warning(
+                "early_results_not_written batch_id=%s error=%s", self._message.batch_id, error
+            )
+            return
+        if written:
+            self.written.update(written)
+            observe_latency(
+                self._message.model, [o for o in outcomes if o.result.request_id in self.written]
+            )

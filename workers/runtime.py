@@ -1,21 +1,26 @@
 """Per-process worker state: an event loop, store, event bus, queue and the loaded model.
 
 Built once in each worker process (after the fork, so no connection is shared across
-processes) and reused by every batch that process runs.
+processes) and reused by every batch that process runs. The event loop runs in a thread of its
+own: a Celery task returns as soon as its model is through, so the pool hands the process its
+next batch at once, while the loop goes on writing the results of the last one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import socket
+import threading
 from typing import Any
 
 from core.broker import RabbitRequestQueue
 from core.db import create_engine
 from core.domain import BatchMessage
 from core.events import RedisEventBus
+from core.logs import bind
 from core.settings import Settings
 from core.store import JobStore
 from models.loader import load_backend
@@ -33,7 +38,11 @@ class WorkerRuntime:
     def __init__(self, settings: Settings, spec: ModelSpec) -> None:
         assert settings.redis_url and settings.broker_url
         self.loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(self.loop)
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="worker-loop", daemon=True
+        )
+        self._thread.start()
+        self._pending: set[concurrent.futures.Future[None]] = set()
         self.engine = create_engine(settings.effective_database_url, pool_size=2)
         self.events = RedisEventBus(settings.redis_url, settings.name("events"))
         self.store = JobStore(
@@ -52,7 +61,30 @@ class WorkerRuntime:
         log.info("worker_process_ready model=%s pid=%d", spec.name, os.getpid())
 
     def run(self, payload: dict[str, Any]) -> None:
-        self.loop.run_until_complete(self.runner.run(BatchMessage.from_dict(payload)))
+        """Take the lease (on the loop), run the model in this, the Celery task's, thread and
+        return as soon as it is through: the loop writes the results while the next batch runs."""
+        message = BatchMessage.from_dict(payload)
+        # The coroutines handed to the loop copy this thread's context: their logs carry these.
+        with bind(batch_id=message.batch_id, model=message.model):
+            opening = asyncio.run_coroutine_threadsafe(self.runner.open(message), self.loop)
+            batch = opening.result()
+            if batch.isolating:
+                # A suspect of crashing this process: let the results of the batches before
+                # it land first, so a crash costs no innocent batch its finished work.
+                self.drain()
+            output = batch.run_model() if batch.ours else None
+            future = asyncio.run_coroutine_threadsafe(batch.conclude(output), self.loop)
+        self._pending.add(future)
+        future.add_done_callback(self._finished)
+
+    def _finished(self, future: concurrent.futures.Future[None]) -> None:
+        self._pending.discard(future)
+        if not future.cancelled() and (error := future.exception()) is not None:
+            log.error("batch_write_failed error=%r (the lease will run out; it runs again)", error)
+
+    def drain(self, timeout_s: float = 30.0) -> None:
+        """Let the results still being written land before the process exits."""
+        concurrent.futures.wait(list(self._pending), timeout=timeout_s)
 
 
 class RuntimeHolder:

@@ -6,10 +6,18 @@ import logging
 import os
 import socket
 import threading
+from pathlib import Path
 from typing import Any
 
 from celery import signals
 
+from core.metrics import (
+    enable_multiprocess,
+    mark_process_dead,
+    multiprocess_dir,
+    remove_multiprocess_dir,
+    serve_exporter,
+)
 from core.settings import Settings
 from core.slots import SlotRegistration
 from models.registry import ModelSpec
@@ -47,10 +55,29 @@ class _Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._thread.is_alive():  # a beat in flight must not re-announce after withdrawal
+            self._thread.join(timeout=2.0)
         self._registration.withdraw()
 
 
+def _serve_pool_metrics(settings: Settings) -> Path | None:
+    """The pool's batches run in child processes: they write their metrics to files in a
+    directory of this worker's, and this process serves them merged."""
+    if settings.metrics_port is None:
+        return None
+    directory = multiprocess_dir("worker")
+    enable_multiprocess(directory)
+    serve_exporter(settings.metrics_port, settings.metrics_host, "worker", directory=directory)
+    return directory
+
+
 def run_worker(settings: Settings, spec: ModelSpec, *, slots: int, loglevel: str = "INFO") -> None:
+    if spec.backend == "transformers":
+        # Convert the weights once, here, before the pool forks: every slot then loads the cache.
+        from models.transformers_backend import ensure_converted
+
+        ensure_converted(spec)
+    metrics_dir = _serve_pool_metrics(settings)
     app = create_celery(settings, [spec.name])
     app.task(name=RUN_BATCH_TASK, acks_late=True)(_run_batch)
     RuntimeHolder.settings = settings
@@ -67,9 +94,24 @@ def run_worker(settings: Settings, spec: ModelSpec, *, slots: int, loglevel: str
         heartbeat.start()
         log.info("worker_ready model=%s slots=%d", spec.name, slots)
 
+    @signals.worker_process_shutdown.connect(weak=False)
+    def _drain_process(**_: Any) -> None:
+        if RuntimeHolder.runtime is not None:
+            RuntimeHolder.runtime.drain()
+        mark_process_dead(os.getpid())
+
+    @signals.worker_shutting_down.connect(weak=False)
+    def _stopping(**_: Any) -> None:
+        # SIGTERM: the running batches finish (Celery's warm shutdown) but the batcher must
+        # send no more here, so the slots go at once.
+        log.info("worker_draining model=%s", spec.name)
+        heartbeat.stop()
+
     @signals.worker_shutdown.connect(weak=False)
     def _shutdown(**_: Any) -> None:
         heartbeat.stop()
+        if metrics_dir is not None:
+            remove_multiprocess_dir(metrics_dir)
 
     worker = app.Worker(
         hostname=f"{spec.name}@{socket.gethostname()}.{os.getpid()}",

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
-from api.deps import Services
+from api.deps import Services, get_caller
 from api.responses import JSON
 from api.schemas import ModelList, ModelOut, dump
 from api.submission import resolve_model
 from models.registry import ModelSpec
 
-router = APIRouter(prefix="/v1/models", tags=["models"])
+router = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[Depends(get_caller)])
 
 
 def _model_out(spec: ModelSpec) -> ModelOut:

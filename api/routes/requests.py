@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
 import uuid
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Depends, Header, Query
 
-from api.deadlines import refuse_if_hopeless
-from api.deps import Services, Tenant
+from api.deps import Caller, Services, Tenant, get_caller
+from api.gate import admit
+from api.polling import read_or_wait, read_request
 from api.responses import JSON
 from api.schemas import RequestList, RequestOut, SubmitRequest, dump
-from api.submission import build_command
-from core.domain import RequestRecord, RequestState, SubmitCommand, to_epoch, utcnow
-from core.errors import DeadlineUnmeetable, InvalidInput, NotFound
+from api.submission import build_command, exact_prompt_tokens
+from core.domain import RequestRecord, RequestState, utcnow
+from core.errors import InvalidInput
 
-router = APIRouter(prefix="/v1/requests", tags=["requests"])
+router = APIRouter(prefix="/v1/requests", tags=["requests"], dependencies=[Depends(get_caller)])
 
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
 
@@ -32,41 +30,24 @@ IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
 async def submit_request(
     body: SubmitRequest,
     services: Services,
-    tenant: Tenant,
+    caller: Caller,
     idempotency_key: IdempotencyKey = None,
 ) -> JSON:
     """Accept a request for batched inference and answer at once with its id."""
     now = utcnow()
     command = build_command(
         body,
-        tenant=tenant,
+        tenant=caller.name,
         idempotency_key=idempotency_key,
         registry=services.adapters.registry,
         settings=services.settings,
         now=now,
+        prompt_tokens=await exact_prompt_tokens(services, body),
     )
     if command.webhook_url is not None:
         await services.url_guard.check_submission(command.webhook_url)
-    try:
-        await refuse_if_hopeless(services.adapters.loadboard, command, to_epoch(now))
-    except DeadlineUnmeetable:
-        # A retry of a request we already accepted gets its original answer, not a refusal.
-        original = await _original(services, command)
-        if original is None:
-            raise
-        return _accepted(original, replayed=True)
-    admission = await services.admitter.submit(command)
+    admission = await admit(services, caller, command)
     return _accepted(admission.record, replayed=admission.replayed)
-
-
-async def _original(services: Services, command: SubmitCommand) -> RequestRecord | None:
-    if command.idempotency_key is None:
-        return None
-    store = services.adapters.store
-    original = await store.get_by_idempotency_key(command.tenant, command.idempotency_key)
-    if original is None or original.fingerprint != command.fingerprint:
-        return None
-    return original
 
 
 def _accepted(record: RequestRecord, *, replayed: bool) -> JSON:
@@ -94,9 +75,10 @@ async def get_request(
             field="wait",
             limit={"le": services.settings.max_wait_s},
         )
-    record = await _read(services, request_id, tenant)
-    if wait > 0 and not record.state.terminal:
-        record = await _long_poll(services, record, tenant, wait, until)
+    if wait > 0:
+        record = await read_or_wait(services, request_id, tenant, wait, until)
+    else:
+        record = await read_request(services, request_id, tenant)
     return JSON(dump(RequestOut.of(record)))
 
 
@@ -131,39 +113,3 @@ async def list_requests(
         next_cursor=str(page[-1].id) if has_more and page else None,
     )
     return JSON(dump(body))
-
-
-async def _read(services: Services, request_id: uuid.UUID, tenant: str) -> RequestRecord:
-    record = await services.adapters.store.get(request_id, tenant)
-    if record is None:
-        raise NotFound(f"no request {request_id}")
-    return record
-
-
-async def _long_poll(
-    services: Services, first: RequestRecord, tenant: str, wait_s: float, until: str
-) -> RequestRecord:
-    """Wait for a notification that the request changed, re-reading Postgres on each."""
-    waiters = services.waiters
-    give_up_at = time.monotonic() + wait_s
-    record = first
-    with waiters.watch(str(first.id)) as changed:
-        # Read again once subscribed, so a change between the first read and now is not missed.
-        record = await _read(services, first.id, tenant)
-        while not _done(record, first, until):
-            remaining = give_up_at - time.monotonic()
-            if remaining <= 0:
-                break
-            poll_s = waiters.poll_s
-            timeout = remaining if poll_s is None else min(remaining, poll_s)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), timeout=timeout)
-            changed.clear()
-            record = await _read(services, first.id, tenant)
-    return record
-
-
-def _done(record: RequestRecord, first: RequestRecord, until: str) -> bool:
-    if record.state.terminal:
-        return True
-    return until == "change" and record.state is not first.state

@@ -6,9 +6,9 @@ import time
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Depends, Path
 
-from api.deps import Services, Tenant
+from api.deps import Services, Tenant, get_caller
 from api.responses import JSON
 from api.schemas import (
     DeliveryList,
@@ -21,7 +21,7 @@ from api.schemas import (
 from core.errors import NotFound
 from core.webhook_secrets import NewSecret, SecretInfo
 
-router = APIRouter(tags=["webhooks"])
+router = APIRouter(tags=["webhooks"], dependencies=[Depends(get_caller)])
 
 DeliveryId = Annotated[str, Path(min_length=1, max_length=40)]
 

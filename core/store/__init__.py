@@ -19,24 +19,42 @@ from core.store.base import (
     advisory_key,
 )
 from core.store.batches import BatchVerbs
+from core.store.files import FileVerbs
+from core.store.ingest import IngestVerbs
 from core.store.requests import RequestVerbs
 from core.store.secrets import SecretRow, SecretVerbs
+from core.store.settle import ActiveJob, Render, SettleVerbs
+from core.store.tenants import KeyRow, TenantRow, TenantVerbs
 from core.store.webhooks import WebhookVerbs
 
 
-class JobStore(RequestVerbs, BatchVerbs, WebhookVerbs, SecretVerbs):
-    """State changes of requests, batches and webhook deliveries, on Postgres or SQLite."""
+class JobStore(
+    RequestVerbs,
+    BatchVerbs,
+    WebhookVerbs,
+    SecretVerbs,
+    FileVerbs,
+    IngestVerbs,
+    SettleVerbs,
+    TenantVerbs,
+):
+    """State changes of requests, batches, webhook deliveries, files and bulk jobs, on Postgres
+    or SQLite."""
 
 
 __all__ = [
+    "ActiveJob",
     "Admission",
     "BatchStart",
     "ClaimedRequest",
     "ExpiredLease",
     "ItemOutcome",
     "JobStore",
+    "KeyRow",
     "OnChange",
     "Reaped",
+    "Render",
     "SecretRow",
+    "TenantRow",
     "advisory_key",
 ]

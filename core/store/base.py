@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import DateTime, case, insert, literal, select, update
+from sqlalchemy import DateTime, case, insert, literal, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from core.db import is_postgres
@@ -24,6 +25,7 @@ from core.domain import (
     from_epoch,
 )
 from core.ids import uuid7
+from core.metrics import metrics
 from core.records import aware
 from core.tables import batches_table, deliveries_table, events_table, requests_table
 
@@ -34,6 +36,7 @@ deliveries_t = deliveries_table
 
 OnChange = Callable[[StateChange], Awaitable[None]]
 S = RequestState
+log = logging.getLogger("batchserve.store")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,8 @@ class BatchStart:
 
     attempt: int
     live_ids: frozenset[str]
+    # Its members were requeued after a batch crashed the worker: one of them may crash it again.
+    isolating: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +80,8 @@ class Reaped:
     requeued: tuple[QueueMessage, ...] = ()
     failed: tuple[str, ...] = ()
     expired: tuple[str, ...] = ()
+    # Members that made the model fail alone and were charged a failure (poison suspects).
+    charged: tuple[str, ...] = ()
 
     @property
     def ended(self) -> tuple[str, ...]:
@@ -85,6 +92,7 @@ class Reaped:
             requeued=self.requeued + other.requeued,
             failed=self.failed + other.failed,
             expired=self.expired + other.expired,
+            charged=self.charged + other.charged,
         )
 
 
@@ -125,25 +133,74 @@ class StoreBase:
         state: RequestState,
         now: float,
         batch_id: uuid.UUID | None = None,
+        with_webhook: Collection[str] | None = None,
     ) -> None:
         """Append terminal transitions, in the transaction that makes them, and queue the
         webhook delivery of each request that asked for one (the outbox: no result is ever
-        committed without its delivery, nor a delivery without its result)."""
+        committed without its delivery, nor a delivery without its result).
+
+        ``with_webhook``: the ids known to have a webhook URL, when the caller knows; the
+        outbox insert is skipped when none has.
+        """
         at = from_epoch(now)
         request_ids = [uuid.UUID(i) for i in ids]
         if not request_ids:
             return
-        rows = [
-            {"request_id": rid, "state": state.value, "batch_id": batch_id, "at": at}
-            for rid in request_ids
-        ]
-        await conn.execute(insert(events_t), rows)
-        await conn.execute(outbox_insert(request_ids, state, at))
+        if conn.dialect.name == "postgresql":  # one statement of fixed text, prepared once
+            await conn.execute(
+                _LOG_EVENTS_PG,
+                {"ids": request_ids, "state": state.value, "batch_id": batch_id, "at": at},
+            )
+        else:
+            rows = [
+                {"request_id": rid, "state": state.value, "batch_id": batch_id, "at": at}
+                for rid in request_ids
+            ]
+            await conn.execute(insert(events_t), rows)
+        if with_webhook is None:
+            await conn.execute(outbox_insert(request_ids, state, at))
+        elif with_webhook:
+            await conn.execute(outbox_insert([uuid.UUID(i) for i in with_webhook], state, at))
 
     async def _emit(self, state: RequestState, ids: Iterable[str], **fields: Any) -> None:
         ids = tuple(ids)
-        if ids and self._on_change is not None:
+        if not ids:
+            return
+        observe_state_change(state, ids, fields.get("batch_id"), fields.get("model"))
+        if self._on_change is not None:
             await self._on_change(StateChange(request_ids=ids, state=state, **fields))
+
+
+def observe_state_change(
+    state: RequestState, ids: tuple[str, ...], batch_id: str | None, model: str | None
+) -> None:
+    """Count a committed change and log it with its request ids, so a request's history can
+    be grepped by its id in the log of whichever process changed it."""
+    if state.terminal:
+        metrics().finished.labels(state.value).inc(len(ids))
+        if state is S.EXPIRED:
+            metrics().expirations.inc(len(ids))
+        elif state is S.CANCELLED:
+            metrics().cancellations.inc(len(ids))
+    for at in range(0, len(ids), _IDS_PER_LINE):
+        chunk = ids[at : at + _IDS_PER_LINE]
+        log.info(
+            "requests_%s count=%d request_ids=%s",
+            state.value,
+            len(chunk),
+            ",".join(chunk),
+            extra={"batch_id": batch_id, "model": model},
+        )
+
+
+# A bulk job's cancellation ends thousands at once: log lines stay a few kilobytes.
+_IDS_PER_LINE = 100
+
+
+_LOG_EVENTS_PG = text(
+    "INSERT INTO request_events (request_id, state, batch_id, at) "
+    "SELECT id, :state, :batch_id, :at FROM unnest(CAST(:ids AS uuid[])) AS id"
+)
 
 
 def new_delivery_id() -> str:

@@ -6,11 +6,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import bindparam, case, func, insert, literal, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from core.db import transaction
 from core.domain import BatchOutcome, ErrorCode, from_epoch
+from core.metrics import metrics
 from core.records import MESSAGE_COLUMNS, row_message
 from core.store.base import (
     BatchStart,
@@ -95,7 +96,12 @@ class BatchVerbs(StoreBase):
         return claimed
 
     async def start_batch(
-        self, batch_id: uuid.UUID, worker: str, now: float, lease_s: float
+        self,
+        batch_id: uuid.UUID,
+        worker: str,
+        now: float,
+        lease_s: float,
+        models_done: Mapping[uuid.UUID, float] | None = None,
     ) -> BatchStart | Reaped | None:
         """Take the batch's lease and learn which members still wait for it.
 
@@ -103,8 +109,22 @@ class BatchVerbs(StoreBase):
         delivery). A batch started before whose lease has run out belonged to a worker that died:
         it is reaped as crashed (members requeued in halves) rather than run again whole, and the
         :class:`Reaped` says what to republish.
+
+        ``models_done``: this worker's earlier batches whose model finished (with its time) while
+        their results are still being written; recorded here, at no extra round trip, so that if
+        this batch kills the process they are not taken for its accomplices.
         """
         async with transaction(self.engine) as conn:
+            for done_id, model_ms in (models_done or {}).items():
+                await conn.execute(
+                    update(batches_t)
+                    .where(
+                        batches_t.c.id == done_id,
+                        batches_t.c.outcome.is_(None),
+                        batches_t.c.model_ms.is_(None),
+                    )
+                    .values(model_ms=model_ms)
+                )
             row = (
                 await conn.execute(
                     update(batches_t)
@@ -120,12 +140,13 @@ class BatchVerbs(StoreBase):
                         started_at=func.coalesce(batches_t.c.started_at, from_epoch(now)),
                         lease_expires_at=from_epoch(now + lease_s),
                     )
-                    .returning(batches_t.c.attempt)
+                    .returning(batches_t.c.attempt, batches_t.c.isolation_group)
                 )
             ).first()
             if row is None:
                 return None
             attempt = int(row[0])
+            isolating = row[1] is not None
             live = await conn.execute(
                 select(requests_t.c.id).where(
                     requests_t.c.batch_id == batch_id, requests_t.c.state == S.RUNNING.value
@@ -134,7 +155,7 @@ class BatchVerbs(StoreBase):
             live_ids = frozenset(str(r[0]) for r in live)
         if attempt > 1:
             return await self.reap_batch(batch_id, now=now, outcome=BatchOutcome.CRASHED)
-        return BatchStart(attempt=attempt, live_ids=live_ids)
+        return BatchStart(attempt=attempt, live_ids=live_ids, isolating=isolating)
 
     async def renew_lease(
         self, batch_id: uuid.UUID, worker: str, attempt: int, until: float
@@ -190,27 +211,15 @@ class BatchVerbs(StoreBase):
             )
             if not closed.rowcount:
                 return None
-            live = await self._lock_running(conn, batch_id)
-            rows = [result_row(o, now_dt) for o in outcomes if o.result.request_id in live]
-            if rows:
-                await conn.execute(
-                    update(requests_t)
-                    .where(
-                        requests_t.c.id == bindparam("b_id"),
-                        requests_t.c.batch_id == batch_id,
-                        requests_t.c.state == S.RUNNING.value,
-                    )
-                    .values({name: bindparam(f"b_{name}") for name in RESULT_FIELDS}),
-                    rows,
-                )
-            by_state = {
-                state: [str(r["b_id"]) for r in rows if r["b_state"] == state.value]
-                for state in (S.SUCCEEDED, S.FAILED)
-            }
-            for state, ids in by_state.items():
-                await self._log_terminal(conn, ids, state, now, batch_id)
+            live = (
+                await self._lock_running(conn, batch_id)
+                if failed_alone or not self._postgres
+                else None
+            )
+            by_state = await self._write_outcomes(conn, batch_id, outcomes, live, now)
             charged = Reaped()
             for request_id, error in failed_alone:
+                assert live is not None
                 if request_id in live:
                     one = {request_id: live[request_id]}
                     charged = charged.merge(await self._charge(conn, one, now=now, error=error))
@@ -219,15 +228,31 @@ class BatchVerbs(StoreBase):
         await self._emit_reaped(charged)
         return charged
 
-    async def retry_or_fail(
-        self, batch_id: uuid.UUID, request_id: str, *, now: float, error: str
-    ) -> Reaped:
-        """Charge a failure to a request that failed alone: requeue it alone, or fail it."""
+    async def complete_items(
+        self, batch_id: uuid.UUID, *, attempt: int, outcomes: Sequence[ItemOutcome], now: float
+    ) -> list[str] | None:
+        """Write the results of members that finished before the rest of their batch, so a
+        short answer need not wait for a long one. ``None`` when this attempt is stale."""
+        ids = [uuid.UUID(o.result.request_id) for o in outcomes]
         async with transaction(self.engine) as conn:
-            live = await self._lock_running(conn, batch_id, [request_id])
-            reaped = await self._charge(conn, live, now=now, error=error) if live else Reaped()
-        await self._emit_reaped(reaped)
-        return reaped
+            owned = select(batches_t.c.id).where(
+                batches_t.c.id == batch_id,
+                batches_t.c.outcome.is_(None),
+                batches_t.c.attempt == attempt,
+            )
+            if self._postgres:
+                owned = owned.with_for_update()  # the reaper waits for this write, or wins
+            if (await conn.execute(owned)).first() is None:
+                return None
+            live = (
+                None
+                if self._postgres
+                else await self._lock_running(conn, batch_id, [str(i) for i in ids])
+            )
+            by_state = await self._write_outcomes(conn, batch_id, outcomes, live, now)
+        for state, written in by_state.items():
+            await self._emit(state, written, batch_id=str(batch_id))
+        return [i for written in by_state.values() for i in written]
 
     async def reap_batch(self, batch_id: uuid.UUID, *, now: float, outcome: BatchOutcome) -> Reaped:
         """Close a batch whose worker died (crashed) or never started it (abandoned).
@@ -241,18 +266,32 @@ class BatchVerbs(StoreBase):
                 await conn.execute(
                     update(batches_t)
                     .where(batches_t.c.id == batch_id, batches_t.c.outcome.is_(None))
-                    .values(outcome=outcome.value, finished_at=from_epoch(now))
-                    .returning(batches_t.c.isolation_group)
+                    .values(
+                        # A crashed batch whose model had finished was only taken down while
+                        # writing, by a later batch: its members are no suspects.
+                        outcome=case(
+                            (
+                                (batches_t.c.model_ms.is_not(None))
+                                & (literal(outcome.value) == BatchOutcome.CRASHED.value),
+                                BatchOutcome.ABANDONED.value,
+                            ),
+                            else_=outcome.value,
+                        ),
+                        finished_at=from_epoch(now),
+                    )
+                    .returning(batches_t.c.isolation_group, batches_t.c.outcome)
                 )
             ).first()
             if closed is None:
                 return Reaped()
             live = await self._lock_running(conn, batch_id)
+            outcome = BatchOutcome(closed[1])
             if not live:
                 reaped = Reaped()
             elif outcome is BatchOutcome.CRASHED and len(live) == 1:
                 reaped = await self._charge(conn, live, now=now, error="the worker died running it")
             else:
+                groups: dict[str, str | None]
                 if outcome is BatchOutcome.CRASHED:
                     half = (len(live) + 1) // 2
                     groups = {
@@ -310,6 +349,78 @@ class BatchVerbs(StoreBase):
             for r in reversed(rows)
         ]
 
+    async def _write_outcomes(
+        self,
+        conn: AsyncConnection,
+        batch_id: uuid.UUID,
+        outcomes: Sequence[ItemOutcome],
+        live: Mapping[str, Any] | None,
+        now: float,
+    ) -> dict[S, list[str]]:
+        """Store results of the members still running under this batch; log their transitions.
+
+        ``live``: the members already locked (SQLite path); ``None`` lets Postgres find them in
+        the same statement that writes them.
+        """
+        now_dt = from_epoch(now)
+        if self._postgres and live is None:
+            written = await self._write_outcomes_pg(conn, batch_id, outcomes, now_dt)
+        else:
+            written = await self._write_outcomes_each(conn, batch_id, outcomes, live or {}, now_dt)
+        by_state: dict[S, list[str]] = {S.SUCCEEDED: [], S.FAILED: []}
+        hooked: list[str] = []
+        for request_id, state, has_webhook in written:
+            by_state[S(state)].append(request_id)
+            if has_webhook:
+                hooked.append(request_id)
+        for state, ids in by_state.items():
+            await self._log_terminal(
+                conn, ids, state, now, batch_id, with_webhook=[i for i in ids if i in hooked]
+            )
+        return by_state
+
+    async def _write_outcomes_pg(
+        self,
+        conn: AsyncConnection,
+        batch_id: uuid.UUID,
+        outcomes: Sequence[ItemOutcome],
+        now_dt: Any,
+    ) -> list[tuple[str, str, bool]]:
+        """One ``UPDATE ... FROM unnest(arrays) RETURNING``: a round trip for the whole batch,
+        and the same SQL text whatever its size, so Postgres prepares it once."""
+        if not outcomes:
+            return []
+        rows = [result_row(o, now_dt) for o in outcomes]
+        params: dict[str, Any] = {
+            name: [r[f"b_{name}"] for r in rows] for name, _ in _UNNEST_COLUMNS
+        }
+        params.update(batch_id=batch_id, finished_at=now_dt)
+        result = await conn.execute(_WRITE_OUTCOMES_PG, params)
+        return [(str(r[0]), r[1], bool(r[2])) for r in result]
+
+    async def _write_outcomes_each(
+        self,
+        conn: AsyncConnection,
+        batch_id: uuid.UUID,
+        outcomes: Sequence[ItemOutcome],
+        live: Mapping[str, Any],
+        now_dt: Any,
+    ) -> list[tuple[str, str, bool]]:
+        rows = [result_row(o, now_dt) for o in outcomes if o.result.request_id in live]
+        if rows:
+            await conn.execute(
+                update(requests_t)
+                .where(
+                    requests_t.c.id == bindparam("b_id"),
+                    requests_t.c.batch_id == batch_id,
+                    requests_t.c.state == S.RUNNING.value,
+                )
+                .values({name: bindparam(f"b_{name}") for name in RESULT_FIELDS}),
+                rows,
+            )
+        # Without RETURNING we don't know who has a webhook: the outbox query finds out.
+        return [(str(r["b_id"]), r["b_state"], True) for r in rows]
+
     async def _lock_running(
         self, conn: AsyncConnection, batch_id: uuid.UUID, only: Sequence[str] | None = None
     ) -> dict[str, dict[str, Any]]:
@@ -338,7 +449,8 @@ class BatchVerbs(StoreBase):
                 .where(requests_t.c.id == uuid.UUID(request_id))
                 .values(failures=failures)
             )
-            return await self._requeue(conn, {request_id: f"solo:{request_id}"}, now=now)
+            requeued = await self._requeue(conn, {request_id: f"solo:{request_id}"}, now=now)
+            return requeued.merge(Reaped(charged=(request_id,)))
         await conn.execute(
             update(requests_t)
             .where(requests_t.c.id == uuid.UUID(request_id))
@@ -351,7 +463,7 @@ class BatchVerbs(StoreBase):
             )
         )
         await self._log_terminal(conn, [request_id], S.FAILED, now, row["batch_id"])
-        return Reaped(failed=(request_id,))
+        return Reaped(failed=(request_id,), charged=(request_id,))
 
     async def _requeue(
         self, conn: AsyncConnection, groups: Mapping[str, str | None], *, now: float
@@ -386,6 +498,10 @@ class BatchVerbs(StoreBase):
         return Reaped(requeued=tuple(row_message(r) for r in rows), expired=ended)
 
     async def _emit_reaped(self, reaped: Reaped) -> None:
+        for message in reaped.requeued:
+            metrics().retries.labels(message.model).inc()
+        if reaped.charged:
+            metrics().poison_isolations.inc(len(reaped.charged))
         await self._emit(S.FAILED, reaped.failed)
         await self._emit(S.EXPIRED, reaped.expired)
         await self._emit(S.QUEUED, [m.id for m in reaped.requeued])
@@ -425,3 +541,29 @@ def result_row(outcome: ItemOutcome, now: Any) -> dict[str, Any]:
         "b_total_ms": timings.total_ms,
         "b_finished_at": now,
     }
+
+
+_UNNEST_COLUMNS = [
+    ("id", "uuid"),
+    ("state", "text"),
+    ("output", "text"),
+    ("finish_reason", "text"),
+    ("error_code", "text"),
+    ("error_message", "text"),
+    ("prompt_tokens", "int"),
+    ("completion_tokens", "int"),
+    ("queued_ms", "float8"),
+    ("batch_wait_ms", "float8"),
+    ("model_ms", "float8"),
+    ("total_ms", "float8"),
+]
+_WRITE_OUTCOMES_PG = text(
+    "UPDATE requests AS r SET "
+    + ", ".join(f"{name} = v.{name}" for name, _ in _UNNEST_COLUMNS[1:])
+    + ", finished_at = :finished_at FROM unnest("
+    + ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in _UNNEST_COLUMNS)
+    + ") AS v("
+    + ", ".join(name for name, _ in _UNNEST_COLUMNS)
+    + ") WHERE r.id = v.id AND r.batch_id = :batch_id AND r.state = 'running'"
+    " RETURNING r.id, r.state, r.webhook_url IS NOT NULL"
+)

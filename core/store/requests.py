@@ -7,8 +7,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from psycopg.types.json import Jsonb
 from sqlalchemy import func, select, text, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -105,9 +105,18 @@ class RequestVerbs(StoreBase):
     ) -> set[uuid.UUID]:
         if not commands:
             return set()
-        dialect_insert = pg_insert if self._postgres else sqlite_insert
+        if self._postgres:
+            # One statement of constant text whatever the group's size: the driver converts
+            # and Postgres prepares it once, where a multi-row VALUES is new SQL each time.
+            rows = [command_row(c) for c in commands]
+            columns = {
+                name: [_pg_array_value(name, row[name]) for row in rows]
+                for name, _ in _UNNEST_INSERT_COLUMNS
+            }
+            result = await conn.execute(_INSERT_UNNEST_PG, columns)
+            return {row[0] for row in result}
         stmt = (
-            dialect_insert(requests_t)
+            sqlite_insert(requests_t)
             .on_conflict_do_nothing(index_elements=["tenant", "idempotency_key"])
             .returning(requests_t.c.id)
         )
@@ -338,3 +347,43 @@ def _new_record(cmd: SubmitCommand) -> RequestRecord:
         fingerprint=cmd.fingerprint,
         webhook_url=cmd.webhook_url,
     )
+
+
+# The columns admission writes (``command_row``'s keys) with their Postgres types.
+_UNNEST_INSERT_COLUMNS = [
+    ("id", "uuid"),
+    ("tenant", "text"),
+    ("idempotency_key", "text"),
+    ("fingerprint", "text"),
+    ("model", "text"),
+    ("lane", "text"),
+    ("state", "text"),
+    ("input", "text"),
+    ("messages", "jsonb"),
+    ("params", "jsonb"),
+    ("metadata", "jsonb"),
+    ("webhook_url", "text"),
+    ("est_prompt_tokens", "int"),
+    ("max_tokens", "int"),
+    ("deadline", "timestamptz"),
+    ("attempts", "int"),
+    ("failures", "int"),
+    ("created_at", "timestamptz"),
+    ("job_id", "uuid"),
+    ("custom_id", "text"),
+    ("job_line", "int"),
+]
+_JSON_COLUMNS = frozenset(name for name, kind in _UNNEST_INSERT_COLUMNS if kind == "jsonb")
+_INSERT_UNNEST_PG = text(
+    "INSERT INTO requests ("
+    + ", ".join(name for name, _ in _UNNEST_INSERT_COLUMNS)
+    + ") SELECT * FROM unnest("
+    + ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in _UNNEST_INSERT_COLUMNS)
+    + ") ON CONFLICT (tenant, idempotency_key) DO NOTHING RETURNING id"
+)
+
+
+def _pg_array_value(column: str, value: Any) -> Any:
+    if value is not None and column in _JSON_COLUMNS:
+        return Jsonb(value)
+    return value

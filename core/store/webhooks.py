@@ -144,6 +144,7 @@ class WebhookVerbs(StoreBase):
             url=row["url"],
             event_type=row["event_type"],
             created_at=created_at,
+            job_id=row["job_id"],
         )
 
     async def finish_attempt(

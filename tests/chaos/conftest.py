@@ -20,6 +20,7 @@ from cli.chaos import ChaosReport, audit
 from cli.deployment import Stack
 from cli.faults import start_postgres, start_rabbitmq, start_redis
 from tests.conftest import registered_test_models, server_env
+from tests.support import keys
 from tests.support.live import db_rows
 from tests.support.servers import delete_namespace_queues
 
@@ -30,7 +31,7 @@ CHAOS_ENV = {"BATCHSERVE_LEASE_S": "1.0", "BATCHSERVE_REPUBLISH_AFTER_S": "1"}
 @pytest.fixture
 def stack(database_url: str, namespace: str, tmp_path: Path) -> Iterator[Stack]:
     env = {**os.environ, **server_env(database_url, namespace), **CHAOS_ENV}
-    deployment = Stack(env=env, log_dir=tmp_path)
+    deployment = Stack(env=env, log_dir=tmp_path, keys={"tests": keys.key()})
     try:
         yield deployment
     finally:

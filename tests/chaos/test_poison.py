@@ -55,8 +55,13 @@ async def test_a_request_that_crashes_the_worker_process(
     crashed = db_rows(stack, "SELECT count(*) FROM batches WHERE outcome = 'crashed'")[0][0]
     # One crash per halving level, then its budget alone: about log2(batch) + budget.
     assert crashed <= math.log2(BATCH) + BUDGET, crashed
-    total = db_rows(stack, "SELECT count(*) FROM batches")[0][0]
-    assert total - 1 <= 2 * math.log2(BATCH) + BUDGET, total  # extra batches for one culprit
+    # Batches that ran: one handed to the crashed process but never started there is requeued
+    # whole (outcome abandoned) and costs no model time.
+    outcomes = dict(
+        db_rows(stack, "SELECT coalesce(outcome, 'open'), count(*) FROM batches GROUP BY 1")
+    )
+    ran = db_rows(stack, "SELECT count(*) FROM batches WHERE started_at IS NOT NULL")[0][0]
+    assert ran - 1 <= 2 * math.log2(BATCH) + BUDGET, outcomes  # extra batches for one culprit
     exactly_once(stack, [culprit, *innocent])
 
 

@@ -18,6 +18,7 @@ from cli.faults import (
 )
 from cli.loadgen import open_loop, poisson_schedule
 from tests.chaos.conftest import exactly_once
+from tests.support import keys
 from tests.support.live import wait_terminal
 
 ECHO = "echo-100ms"
@@ -28,7 +29,9 @@ def body(i: int) -> dict[str, object]:
 
 
 async def traffic(stack: Stack, rate: float, seconds: float, seed: int) -> list[str]:
-    result = await open_loop(stack.url, poisson_schedule(rate, seconds, seed), body)
+    result = await open_loop(
+        stack.url, poisson_schedule(rate, seconds, seed), body, headers=keys.auth()
+    )
     return [s.request_id for s in result.accepted if s.request_id]
 
 

@@ -17,6 +17,7 @@ from cli.deployment import Stack
 from cli.loadgen import open_loop, poisson_schedule
 from models.registry import load_registry
 from tests.conftest import TEST_MODELS
+from tests.support import keys
 from tests.support.live import db_rows, wait_terminal
 
 ECHO = "echo-100ms"
@@ -40,6 +41,7 @@ async def test_live_mean_batch_matches_the_simulator(
         stack.url,
         poisson_schedule(rate, duration_s=6.0, seed=int(rate)),
         lambda i: {"model": ECHO, "input": f"load {i}"},
+        headers=keys.auth(),
     )
     assert load.errors == 0 and len(load.accepted) == len(load.submitted)
     ids = [s.request_id for s in load.accepted if s.request_id]
@@ -83,7 +85,10 @@ async def test_a_hopeless_deadline_is_refused_at_admission(
 ) -> None:
     stack.start_all({ECHO: 1})
     backlog = await open_loop(
-        stack.url, [0.0] * 960, lambda i: {"model": ECHO, "input": f"backlog {i}"}
+        stack.url,
+        [0.0] * 960,
+        lambda i: {"model": ECHO, "input": f"backlog {i}"},
+        headers=keys.auth(),
     )
     assert len(backlog.accepted) == 960
     await asyncio.sleep(0.5)  # the batcher publishes its load every 100 ms

@@ -15,6 +15,7 @@ from cryptography.fernet import Fernet
 from standardwebhooks import Webhook
 
 from cli.deployment import Stack
+from tests.support import keys
 from tests.support.webhook_receiver import Receiver, Reply
 
 ECHO = "echo-100ms"
@@ -35,7 +36,7 @@ def hooks_stack(stack: Stack) -> Stack:
 
 @pytest.fixture
 async def client(hooks_stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=hooks_stack.url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=hooks_stack.url, timeout=30, headers=keys.auth()) as http:
         yield http
 
 

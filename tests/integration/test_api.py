@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from api.main import create_app
 from core.settings import Settings
 from core.store import JobStore, advisory_key
+from tests.support import keys
 
 
 @pytest.fixture
@@ -28,7 +29,9 @@ async def app(settings: Settings) -> AsyncIterator[FastAPI]:
 @pytest.fixture
 async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://test", headers=keys.auth()
+    ) as http:
         yield http
 
 
@@ -130,7 +133,7 @@ async def test_idempotent_replay_conflict_and_in_progress(
     other = await client.post("/v1/requests", json=body(input="different"), headers=headers)
     assert other.status_code == 422 and other.json()["code"] == "idempotency_key_reused"
     # Another admission (another API process) holding the key: 409 while it lasts.
-    tenant = "anonymous"
+    tenant = "tests"
     with psycopg.connect(settings.database_url.replace("+psycopg", "")) as held:  # type: ignore[union-attr]
         held.execute("SELECT pg_advisory_xact_lock(%s)", (advisory_key(tenant, "order-43"),))
         busy = await client.post(
@@ -157,17 +160,13 @@ async def test_concurrent_same_key_admits_once(client: httpx.AsyncClient, app: F
 async def test_idempotency_keys_are_scoped_to_the_caller(client: httpx.AsyncClient) -> None:
     headers = {"Idempotency-Key": "same"}
     alice = await client.post(
-        "/v1/requests", json=body(), headers={**headers, "Authorization": "Bearer alice"}
+        "/v1/requests", json=body(), headers={**headers, **keys.auth("alice")}
     )
-    bob = await client.post(
-        "/v1/requests", json=body(), headers={**headers, "Authorization": "Bearer bob"}
-    )
+    bob = await client.post("/v1/requests", json=body(), headers={**headers, **keys.auth("bob")})
     assert alice.status_code == bob.status_code == 202
     assert alice.json()["id"] != bob.json()["id"]
     assert (
-        await client.get(
-            f"/v1/requests/{alice.json()['id']}", headers={"Authorization": "Bearer bob"}
-        )
+        await client.get(f"/v1/requests/{alice.json()['id']}", headers=keys.auth("bob"))
     ).status_code == 404
 
 
@@ -203,7 +202,7 @@ async def test_long_poll_returns_when_a_notification_arrives(
     poll = asyncio.create_task(client.get(f"/v1/requests/{request_id}", params={"wait": 20}))
     await asyncio.sleep(0.3)
     assert not poll.done()
-    await store_of(app).cancel(uuid.UUID(request_id), "anonymous")  # publishes the change on Redis
+    await store_of(app).cancel(uuid.UUID(request_id), "tests")  # publishes the change on Redis
     response = await poll
     assert response.json()["status"] == "cancelled"
     assert time.monotonic() - started < 5
@@ -226,3 +225,20 @@ async def test_health_readiness_and_models(client: httpx.AsyncClient) -> None:
     models = (await client.get("/v1/models")).json()
     assert "echo-100ms" in [m["id"] for m in models["data"]]
     assert (await client.get("/v1/models/nope")).status_code == 404
+
+
+async def test_nul_characters_are_refused_by_name_and_create_nothing(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    """Postgres text cannot hold NUL: a clear 4xx, never a 500 (found by schemathesis)."""
+    for sent, field in [
+        (body(input="a\x00b"), "input"),
+        (body(input=None, messages=[{"role": "user", "content": "\x00"}]), "messages.0.content"),
+        (body(metadata={"k": "v\x00"}), "metadata.k"),
+    ]:
+        response = await client.post("/v1/requests", json=sent)
+        assert response.status_code == 422, response.text
+        assert response.json()["field"] == field
+    listed = await client.get("/v1/requests", params={"model": "\x00x"})
+    assert listed.status_code == 400 and listed.json()["field"] == "url"
+    assert await count_rows(app) == 0

@@ -31,6 +31,7 @@ from core.settings import Settings
 from core.ssrf import Allowlist, IPAddress, UrlGuard
 from core.store import BatchStart, ItemOutcome, JobStore
 from core.tables import secrets_table
+from tests.support import keys
 from tests.support.tls import self_signed
 from tests.support.webhook_receiver import Received, Receiver, Reply
 from workers.webhooks.delivery import create_deliverer
@@ -70,7 +71,9 @@ async def serving(settings: Settings) -> AsyncIterator[tuple[FastAPI, httpx.Asyn
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://test", headers=keys.auth()
+        ) as client:
             yield app, client
 
 
@@ -325,7 +328,7 @@ async def test_deliveries_belong_to_the_callers_tenant(
     request_id = await submit(client, receiver.url())
     await client.post(f"/v1/requests/{request_id}/cancel")
     delivery = await wait_delivery(client, request_id, "delivered")
-    other = {"Authorization": "Bearer someone-else"}
+    other = keys.auth("someone-else")
     path = f"/v1/requests/{request_id}/deliveries"
     assert (await client.get(path, headers=other)).status_code == 404
     redeliver = f"{path}/{delivery['id']}/redeliver"

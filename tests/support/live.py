@@ -29,6 +29,10 @@ async def wait_terminal(
             except httpx.TransportError:
                 await asyncio.sleep(0.2)  # the API is restarting
                 continue
+            if response.status_code in (401, 404):
+                raise AssertionError(
+                    f"request {request_id}: {response.status_code} (which tenant?)"
+                )
             if response.status_code == 200 and response.json()["status"] in TERMINAL:
                 results[request_id] = response.json()
                 return

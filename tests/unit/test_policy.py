@@ -172,3 +172,23 @@ def test_length_classes_keep_short_answers_out_of_long_batches() -> None:
     assert [ids(b) for b in decision.batches] == [["long1"], ["short1", "short2"], ["mid"]]
     one_slot = decide(pending, 0.01, 1, config, T)
     assert [ids(b) for b in one_slot.batches] == [["long1"]]  # FIFO across classes: no starving
+
+
+def test_tenants_take_turns_by_weight() -> None:
+    config = PolicyConfig(kind="greedy", max_batch_size=6)
+    burst = [req(f"big{i}", 0.0 + i * 1e-3, tenant="big") for i in range(20)]
+    small = [req(f"small{i}", 0.1 + i * 1e-3, tenant="small") for i in range(2)]
+    decision = decide(burst + small, 1.0, 1, config, T)
+    assert ids(decision.batches[0]) == ["big0", "small0", "big1", "small1", "big2", "big3"]
+    weighted = decide(burst + small, 1.0, 1, config, T, Load(weights={"big": 2.0}))
+    assert ids(weighted.batches[0]) == ["big0", "big1", "small0", "big2", "big3", "small1"]
+
+
+def test_fair_share_keeps_interactive_before_bulk() -> None:
+    config = PolicyConfig(kind="greedy", max_batch_size=3)
+    pending = [
+        req("a-bulk", 0.0, tenant="a", lane=Lane.BULK),
+        req("b-int", 0.5, tenant="b"),
+        req("a-int", 0.6, tenant="a"),
+    ]
+    assert ids(decide(pending, 1.0, 1, config, T).batches[0]) == ["b-int", "a-int", "a-bulk"]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 
 from typer.testing import CliRunner
 
 from batching.estimate import FixedBatchTime
 from batching.policy import PolicyConfig
 from batching.scenarios import adaptive_verdict, seed_exercises, sweep
-from batching.simulator import Arrival, simulate
+from batching.simulator import Arrival, SimResult, simulate
 from cli.main import app
 
 LOADS = [0.1, 0.3, 0.5, 0.7, 0.85, 0.95]
@@ -56,3 +57,38 @@ def test_capacity_command_json() -> None:
     assert result.exit_code == 0, result.output
     plan = json.loads(result.output)
     assert (plan["per_worker_rps"], plan["min_workers"], plan["recommended_workers"]) == (320, 4, 5)
+
+
+def _poisson(rate: float, seconds: float, tenant: str, seed: int) -> list[Arrival]:
+    import random
+
+    rng, at = random.Random(seed), 0.0
+    out: list[Arrival] = []
+    while (at := at + rng.expovariate(rate)) < seconds:
+        out.append(Arrival(at, f"{tenant}{len(out)}", tenant=tenant))
+    return out
+
+
+def test_a_tenant_sending_20x_does_not_take_the_small_tenants_seats() -> None:
+    """One slot of 8 per 100 ms (80/s); the big tenant alone overloads it."""
+    config = PolicyConfig(kind="adaptive", max_batch_size=8, max_batch_delay_s=0.1)
+    small = _poisson(4.0, 60.0, "small", seed=1)
+    big = _poisson(80.0, 60.0, "big", seed=2)
+    alone = simulate(small, workers=1, config=config, estimator=FixedBatchTime(0.1))
+    shared = simulate(small + big, workers=1, config=config, estimator=FixedBatchTime(0.1))
+
+    def p99(result: SimResult, tenant: str) -> float:
+        values = sorted(
+            o.latency_s for k, o in result.outcomes.items() if k.startswith(tenant) and o.latency_s
+        )
+        return values[min(len(values) - 1, math.ceil(0.99 * len(values)) - 1)]
+
+    assert p99(shared, "small") <= 1.5 * p99(alone, "small")
+    assert p99(shared, "big") > 10 * p99(shared, "small")  # the overload is the big tenant's
+    # Each small request leaves in the first batch formed after it arrives (or the next).
+    starts = sorted(b.start for b in shared.batches)
+    for key, outcome in shared.outcomes.items():
+        if key.startswith("small"):
+            assert outcome.dispatched is not None
+            waited_out = sum(1 for s in starts if outcome.arrived < s < outcome.dispatched)
+            assert waited_out <= 1

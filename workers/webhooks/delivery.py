@@ -14,8 +14,11 @@ from dataclasses import dataclass
 
 import orjson
 
+from api.batch_schemas import batch_object
 from api.schemas import RequestOut, dump
+from core.bulk import JobRecord
 from core.domain import ClaimedDelivery, DeliveryStart, RequestRecord
+from core.metrics import metrics
 from core.secretbox import SecretBox
 from core.settings import Settings
 from core.signing import webhook_headers
@@ -68,6 +71,17 @@ def event_body(start: DeliveryStart, record: RequestRecord) -> bytes:
     return orjson.dumps(envelope)
 
 
+def job_event_body(start: DeliveryStart, job: JobRecord) -> bytes:
+    """A ``batch.*`` event: the envelope around the job exactly as ``GET /v1/batches/{id}``
+    shows it (an ended job no longer changes, so every attempt sends the same bytes)."""
+    envelope = {
+        "type": start.event_type,
+        "timestamp": start.created_at.isoformat().replace("+00:00", "Z"),
+        "data": batch_object(job),
+    }
+    return orjson.dumps(envelope)
+
+
 class Deliverer:
     """Makes the attempt a claim entitles it to, and records what came of it."""
 
@@ -110,11 +124,12 @@ class Deliverer:
             jitter_draw=self._rng.uniform(-1.0, 1.0),
         )
         await self._store.finish_attempt(start, outcome, decision, now=now)
+        metrics().webhook_deliveries.labels(decision.verdict.value).inc()
         log.info(
-            "webhook_attempt delivery_id=%s request_id=%s attempt=%d status=%s verdict=%s "
+            "webhook_attempt delivery_id=%s subject=%s attempt=%d status=%s verdict=%s "
             "duration_ms=%.1f next_in_s=%s",
             start.id,
-            start.request_id,
+            start.request_id or start.job_id,
             start.number,
             outcome.status_code if outcome.status_code is not None else "-",
             decision.verdict.value,
@@ -124,15 +139,22 @@ class Deliverer:
         return decision
 
     async def _attempt(self, start: DeliveryStart) -> AttemptOutcome:
-        record = await self._store.get(start.request_id, start.tenant)
-        if record is None:
-            return AttemptOutcome(error="the request no longer exists", permanent=True)
-        body = event_body(start, record)
+        body = await self._body(start)
+        if body is None:
+            return AttemptOutcome(error="the request or batch no longer exists", permanent=True)
         now = self._clock()
         signing = await self._secrets.signing_secrets(start.tenant, now)
         # A fresh timestamp (and so signature) on every attempt: receivers reject stale ones.
         headers = webhook_headers(signing, start.id, int(now), body)
         return await self._sender.send(start.url, headers, body)
+
+    async def _body(self, start: DeliveryStart) -> bytes | None:
+        if start.job_id is not None:
+            job = await self._store.get_job(start.job_id, start.tenant)
+            return None if job is None else job_event_body(start, job)
+        assert start.request_id is not None
+        record = await self._store.get(start.request_id, start.tenant)
+        return None if record is None else event_body(start, record)
 
     async def close(self) -> None:
         await self._sender.close()

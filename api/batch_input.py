@@ -1,0 +1,168 @@
+"""Validation of a batch input file (OpenAI Batch JSONL), line by line, into requests.
+
+Each line is ``{"custom_id", "method": "POST", "url": <the job's endpoint>, "body"}``; the body
+is checked exactly as the synchronous endpoint checks it (same schema, same limits, same model
+registry). A file with any bad line is refused whole, each error naming its line (1-based).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from api.openai_schemas import ChatBody, CompletionBody, openai_field, openai_param
+from api.submission import build_command
+from core.bulk import Endpoint, IngestClaim, LineError
+from core.domain import Lane, SubmitCommand
+from core.errors import InvalidInput, ModelNotFound
+from core.ids import job_request_id
+from core.settings import Settings
+from models.registry import Registry
+
+MAX_ERRORS = 100  # reported per file; the rest are left unsaid
+MAX_CUSTOM_ID = 512
+
+
+@dataclass(frozen=True, slots=True)
+class ValidatedFile:
+    """The requests of a valid file, in line order, and its model when there is only one."""
+
+    commands: list[SubmitCommand]
+    model: str | None
+
+
+class _Refused(Exception):
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.error = (code, message, param)
+
+
+def validate_file(
+    content: bytes,
+    *,
+    claim: IngestClaim,
+    registry: Registry,
+    settings: Settings,
+    now: datetime,
+) -> ValidatedFile | list[LineError]:
+    """The file's requests, or why it is refused (at most ``MAX_ERRORS`` errors)."""
+    if len(content) > settings.max_file_bytes:
+        return [LineError("file_too_large", f"over {settings.max_file_bytes} bytes")]
+    errors: list[LineError] = []
+    commands: list[SubmitCommand] = []
+    seen: set[str] = set()
+    for number, line in enumerate(content.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        if len(commands) + len(errors) >= settings.batch_max_requests:
+            limit = settings.batch_max_requests
+            errors.append(LineError("too_many_requests", f"over {limit} requests", number))
+            break
+        try:
+            command = _line(line, number, claim, registry, settings, now, seen, len(commands))
+        except _Refused as refused:
+            code, message, param = refused.error
+            errors.append(LineError(code, message, number, param))
+            if len(errors) >= MAX_ERRORS:
+                break
+            continue
+        commands.append(command)
+    if errors:
+        return errors
+    if not commands:
+        return [LineError("empty_file", "the file has no requests")]
+    models = {c.model for c in commands}
+    return ValidatedFile(commands, models.pop() if len(models) == 1 else None)
+
+
+def _line(
+    raw: bytes,
+    number: int,
+    claim: IngestClaim,
+    registry: Registry,
+    settings: Settings,
+    now: datetime,
+    seen: set[str],
+    index: int,
+) -> SubmitCommand:
+    if len(raw) > settings.batch_max_line_bytes:
+        raise _Refused("line_too_large", f"the line is over {settings.batch_max_line_bytes} bytes")
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        raise _Refused("invalid_json_line", f"the line is not valid JSON: {error}") from error
+    if not isinstance(data, dict):
+        raise _Refused("invalid_json_line", "the line is not a JSON object")
+    custom_id = _custom_id(data, seen)
+    if data.get("method") != "POST":
+        raise _Refused("invalid_method", "method must be POST", "method")
+    if data.get("url") != claim.endpoint.value:
+        message = f"url must be the batch's endpoint, {claim.endpoint.value}"
+        raise _Refused("invalid_url", message, "url")
+    body = data.get("body")
+    if not isinstance(body, dict):
+        raise _Refused("invalid_request", "body must be a JSON object", "body")
+    command = _command(body, registry, settings, now, claim)
+    seen.add(custom_id)
+    return dataclasses.replace(
+        command,
+        id=job_request_id(claim.job_id, index),
+        lane=Lane.BULK,
+        deadline=claim.expires_at,
+        fingerprint=None,
+        job_id=claim.job_id,
+        custom_id=custom_id,
+        job_line=number,
+    )
+
+
+def _custom_id(data: dict[str, Any], seen: set[str]) -> str:
+    custom_id = data.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise _Refused("invalid_custom_id", "custom_id must be a non-empty string", "custom_id")
+    if "\x00" in custom_id:
+        raise _Refused(
+            "invalid_custom_id", "custom_id must not contain NUL characters", "custom_id"
+        )
+    if len(custom_id) > MAX_CUSTOM_ID:
+        message = f"custom_id is longer than {MAX_CUSTOM_ID} characters"
+        raise _Refused("invalid_custom_id", message, "custom_id")
+    if custom_id in seen:
+        message = f"custom_id {custom_id!r} appears on an earlier line"
+        raise _Refused("duplicate_custom_id", message, "custom_id")
+    return custom_id
+
+
+def _command(
+    body: dict[str, Any],
+    registry: Registry,
+    settings: Settings,
+    now: datetime,
+    claim: IngestClaim,
+) -> SubmitCommand:
+    schema = ChatBody if claim.endpoint is Endpoint.CHAT else CompletionBody
+    try:
+        parsed = schema.model_validate(body)
+        submit = parsed.to_submit()
+        return build_command(
+            submit,
+            tenant=claim.tenant,
+            idempotency_key=None,
+            registry=registry,
+            settings=settings,
+            now=now,
+        )
+    except ValidationError as error:
+        first = error.errors()[0]
+        param = "body." + openai_param(tuple(first.get("loc", ())))
+        raise _Refused("invalid_request", f"{param}: {first.get('msg')}", param) from error
+    except ModelNotFound as error:
+        raise _Refused("model_not_found", error.message, "body.model") from error
+    except InvalidInput as error:
+        param = "body." + openai_field(error.field)
+        raise _Refused("invalid_request", f"{param}: {error.message}", param) from error

@@ -1,0 +1,211 @@
+"""``batchserve bench``: benchmarks that print figures (never pass/fail timing tests).
+
+Every scenario but ``model`` starts its own deployment (API, maintenance, and per variant a
+batcher and a worker with W slots) on a scratch database and queue namespace of the configured
+servers, measures, and removes it. See docs/benchmarks.md for what each one measures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console(width=140)
+
+SCENARIOS = ("saturation", "overhead", "ingest", "bulk", "mixed", "model", "all")
+ALL = ("saturation", "overhead", "ingest", "bulk", "mixed")
+
+
+def _floats(text: str) -> list[float]:
+    return [float(part) for part in text.split(",") if part.strip()]
+
+
+def bench(
+    scenario: Annotated[str, typer.Option(help="Which benchmark: " + ", ".join(SCENARIOS))],
+    workers: Annotated[int, typer.Option(help="W: worker slots")] = 2,
+    batch: Annotated[int, typer.Option(help="B: max batch size of the batched variants")] = 16,
+    variants: Annotated[
+        str, typer.Option(help="Variants compared (saturation, overhead): adaptive,timer,nobatch")
+    ] = "adaptive,timer,nobatch",
+    timer_delay_ms: Annotated[float, typer.Option(help="The timer variant's delay")] = 10.0,
+    duration: Annotated[
+        float, typer.Option(help="Seconds of traffic (overhead trace, mixed phase, HTTP figure)")
+    ] = 15.0,
+    loads: Annotated[
+        str, typer.Option(help="overhead: offered loads, fractions of 10·W·B")
+    ] = "0.3",
+    backlog_s: Annotated[
+        float, typer.Option(help="saturation: backlog, in seconds of ideal capacity")
+    ] = 20.0,
+    warmup_s: Annotated[float, typer.Option(help="saturation: warm-up left out")] = 1.0,
+    http_load: Annotated[
+        float, typer.Option(help="saturation: HTTP figure's offered rate / ideal (0: skip)")
+    ] = 1.1,
+    rates: Annotated[
+        str, typer.Option(help="ingest: offered submit rates, stepped")
+    ] = "250,500,750,1000,1250,1500",
+    step_s: Annotated[float, typer.Option(help="ingest: seconds per rate")] = 5.0,
+    max_p99_ms: Annotated[float, typer.Option(help="ingest: the submit p99 bound")] = 50.0,
+    wide_batch: Annotated[int, typer.Option(help="ingest: batch size of its workers")] = 128,
+    rate: Annotated[float, typer.Option(help="mixed: interactive requests/s")] = 10.0,
+    requests: Annotated[int, typer.Option(help="bulk: lines in the JSONL job")] = 20_000,
+    timeout_s: Annotated[float, typer.Option(help="overhead: each request's deadline")] = 30.0,
+    seed: Annotated[int, typer.Option(help="Arrival seed")] = 1,
+    profile: Annotated[
+        str | None,
+        typer.Option(help="py-spy the first api, batcher, worker or maintenance process"),
+    ] = None,
+    profile_out: Annotated[Path, typer.Option(help="Flame graph (SVG) of --profile")] = Path(
+        "profile.svg"
+    ),
+    keep: Annotated[bool, typer.Option(help="Keep the run's database and logs")] = False,
+    model: Annotated[str, typer.Option(help="Model (scenario model)")] = "smollm2-135m",
+    sizes: Annotated[str, typer.Option(help="Batch sizes (scenario model)")] = "1,2,4,8,16,32",
+    max_tokens: Annotated[int, typer.Option(help="New tokens a request (scenario model)")] = 32,
+    estimate_batches: Annotated[
+        int,
+        typer.Option(
+            help="Scenario model: also run this many random-shape batches to score the learned "
+            "batch time on held-out ones and simulate length classes with it (0: skip)"
+        ),
+    ] = 0,
+    plot: Annotated[Path | None, typer.Option(help="Write a PNG plot here")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document")] = False,
+) -> None:
+    """Measure and print figures: see docs/benchmarks.md for each scenario."""
+    if scenario not in SCENARIOS:
+        raise typer.BadParameter(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
+    if scenario == "model":
+        sizes_list = [int(s) for s in sizes.split(",")]
+        _model(model, sizes_list, max_tokens, plot, as_json, estimate_batches)
+        return
+    from cli.bench_run import BenchOptions, run_scenarios
+
+    options = BenchOptions(
+        workers=workers,
+        batch=batch,
+        variants=[v.strip() for v in variants.split(",") if v.strip()],
+        timer_delay_ms=timer_delay_ms,
+        duration_s=duration,
+        loads=_floats(loads),
+        backlog_s=backlog_s,
+        warmup_s=warmup_s,
+        http_load=http_load,
+        rates=_floats(rates),
+        step_s=step_s,
+        max_p99_ms=max_p99_ms,
+        wide_batch=wide_batch,
+        interactive_rps=rate,
+        bulk_requests=requests,
+        timeout_s=timeout_s,
+        seed=seed,
+        profile=profile,
+        profile_out=profile_out,
+        keep=keep,
+    )
+    names = list(ALL) if scenario == "all" else [scenario]
+    documents = _run_loop(run_scenarios(names, options))
+    _report(documents, plot, as_json)
+
+
+def _run_loop(main: Coroutine[Any, Any, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The load generator shares the cores with the service it measures: uvloop makes each
+    request it sends and polls cost less of them."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+def _report(documents: list[dict[str, Any]], plot: Path | None, as_json: bool) -> None:
+    from cli.bench_report import RENDERERS
+    from cli.bench_report import plot as draw
+
+    for doc in documents:
+        if plot is not None:
+            path = plot if len(documents) == 1 else plot.with_stem(f"{plot.stem}-{doc['scenario']}")
+            if draw(doc, path):
+                doc["plot"] = str(path)
+    if as_json:
+        body: Any = documents[0] if len(documents) == 1 else {"scenarios": documents}
+        typer.echo(json.dumps(_finite(body), indent=2))
+        return
+    for doc in documents:
+        RENDERERS[doc["scenario"]](doc, console)
+        console.print(f"[dim]machine: {doc['machine']}; logs: {doc['logs']}[/dim]")
+
+
+def _finite(value: Any) -> Any:
+    """NaN is not JSON: ``null`` instead."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _model(
+    name: str,
+    sizes: list[int],
+    max_tokens: int,
+    plot: Path | None,
+    as_json: bool,
+    estimate_batches: int = 0,
+) -> None:
+    from cli.bench_model import bench_model, plot_model_bench
+    from core.settings import load_settings
+    from models.registry import load_registry
+
+    spec = load_registry(load_settings().models).get(name)
+    if spec is None:
+        raise typer.BadParameter(f"unknown model {name}")
+    result = bench_model(spec, sizes, max_tokens, estimate_batches=estimate_batches)
+    if plot is not None:
+        plot_model_bench(result, plot)
+    if as_json:
+        typer.echo(json.dumps(result.as_dict(), indent=2))
+        return
+    table = Table(title=f"{name}: {max_tokens} new tokens a request, greedy")
+    for column in ("batch size", "batch s", "generated tokens", "tokens/s", "requests/s"):
+        table.add_column(column, justify="right")
+    for p in result.points:
+        table.add_row(
+            str(p.batch_size),
+            f"{p.batch_s:.2f}",
+            str(p.generated_tokens),
+            f"{p.tokens_per_s:.1f}",
+            f"{p.requests_per_s:.2f}",
+        )
+    console.print(table)
+    console.print(
+        f"one at a time: {result.one_at_a_time_tokens_per_s:.1f} tokens/s; batched "
+        f"({max(sizes)}): {result.batched_tokens_per_s:.1f} tokens/s = "
+        f"{result.batched_vs_one_at_a_time:.1f}x"
+    )
+    if result.estimate is not None:
+        e = result.estimate
+        console.print(
+            f"learned batch time on {e.held_out} held-out of {e.batches} random batches: "
+            f"median relative error {e.median_relative_error:.1%}, "
+            f"p90 {e.p90_relative_error:.1%}"
+        )
+    if result.grouping is not None:
+        g = result.grouping
+        console.print(
+            f"mixed workload ({g.short_share:.0%} of requests {g.short_max_tokens} tokens, the "
+            f"rest {g.long_max_tokens}, {g.rate_rps:.2f} req/s, simulated with that estimate): "
+            f"short p90 {g.short_p90_s_grouped:.1f} s with length classes, "
+            f"{g.short_p90_s_mixed:.1f} s without; long p90 {g.long_p90_s_grouped:.1f} s / "
+            f"{g.long_p90_s_mixed:.1f} s"
+        )

@@ -1,0 +1,119 @@
+"""Each ``batchserve bench`` scenario, run tiny against its own deployment: the JSON it prints
+has every figure, and the figures are sane (not fast: timing is the benchmark's business)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cli.bench_drain import _BatchRow, drain_figures
+from cli.deployment import ROOT
+from tests.support import servers
+
+TINY = {
+    "saturation": ["--variants", "adaptive,nobatch", "--backlog-s", "2", "--duration", "2"],
+    "overhead": ["--variants", "adaptive", "--duration", "2", "--loads", "0.1"],
+    "ingest": ["--rates", "40,80", "--step-s", "1"],
+    "bulk": ["--requests", "600"],
+    "mixed": ["--duration", "2", "--rate", "10"],
+}
+
+
+def bench(scenario: str, run_id: str, tmp_path: Path) -> dict[str, Any]:
+    env = {
+        **os.environ,
+        "BATCHSERVE_DATABASE_URL": servers.pg_url(f"{servers.DB_PREFIX}{run_id}"),
+        "BATCHSERVE_BROKER_URL": servers.BROKER_URL,
+        "BATCHSERVE_REDIS_URL": servers.REDIS_URL,
+    }
+    plot = tmp_path / f"{scenario}.png"
+    command = [sys.executable, "-m", "cli", "bench", "--scenario", scenario, *TINY[scenario]]
+    command += ["--workers", "1", "--batch", "8", "--json", "--plot", str(plot)]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    document: dict[str, Any] = json.loads(done.stdout)
+    assert document["scenario"] == scenario
+    assert document["machine"]["before"]["cores"] >= 1
+    assert ("plot" in document) == plot.exists()
+    return document
+
+
+@pytest.mark.usefixtures("live_servers")
+def test_saturation_reports_drain_against_the_ideal(run_id: str, tmp_path: Path) -> None:
+    doc = bench("saturation", run_id, tmp_path)
+    adaptive, nobatch = doc["results"]
+    assert (adaptive["variant"], nobatch["variant"]) == ("adaptive", "nobatch")
+    assert adaptive["ideal_rps"] == 80 and nobatch["ideal_rps"] == 10
+    for row in doc["results"]:
+        assert row["drained"] and row["backlog"] >= 4 * row["max_batch_size"]
+        assert 0 < row["ratio_to_ideal"] <= 1.1 and 0 < row["announced_ratio"] <= 1.1
+        assert 1 <= row["mean_batch"] <= row["max_batch_size"]
+        assert row["idle_gap_p50_ms"] >= 0 and row["timeline"]
+    assert nobatch["mean_batch"] == 1
+    http = doc["http"]
+    assert http["accepted"] > 0 and 0 < http["ratio_to_ideal"] <= 1.5
+    assert http["submit"]["p50_ms"] > 0
+
+
+@pytest.mark.usefixtures("live_servers")
+def test_overhead_compares_live_with_the_simulator(run_id: str, tmp_path: Path) -> None:
+    doc = bench("overhead", run_id, tmp_path)
+    (row,) = doc["results"]
+    assert row["variant"] == "adaptive" and row["load"] == 0.1 and row["succeeded"] > 0
+    assert row["succeeded"] + row["not_succeeded"] == row["accepted"]
+    # The simulator runs the same trace with zero overheads: never slower than live.
+    assert row["sim_p50_ms"] >= 100 and row["live_p50_ms"] >= row["sim_p50_ms"]
+    assert set(row["breakdown"]) == set(doc["stages"])
+    assert row["breakdown"]["model"]["p50_ms"] >= 100
+    assert all(stage["p50_ms"] >= -5 for stage in row["breakdown"].values())
+
+
+@pytest.mark.usefixtures("live_servers")
+def test_ingest_steps_through_rates(run_id: str, tmp_path: Path) -> None:
+    doc = bench("ingest", run_id, tmp_path)
+    assert [s["rate"] for s in doc["steps"]] == [40, 80]
+    for step in doc["steps"]:
+        assert step["accepted"] + step["refused"] + step["errors"] == step["sent"] > 0
+        assert 0 < step["p50_ms"] <= step["p99_ms"] <= step["max_ms"]
+    assert doc["max_rate_ok"] in (0, 40, 80)
+
+
+@pytest.mark.usefixtures("live_servers")
+def test_bulk_times_a_job_from_created_to_in_progress(run_id: str, tmp_path: Path) -> None:
+    doc = bench("bulk", run_id, tmp_path)
+    assert doc["requests"] == 600 and doc["chunks"] >= 1
+    assert 0 < doc["created_to_first_chunk_s"] <= doc["created_to_in_progress_s"]
+    assert doc["ingest_rps"] > 0
+
+
+@pytest.mark.usefixtures("live_servers")
+def test_mixed_measures_interactive_latency_beside_a_job(run_id: str, tmp_path: Path) -> None:
+    doc = bench("mixed", run_id, tmp_path)
+    assert doc["alone_n"] > 0 and doc["with_job_n"] > 0
+    assert 100 <= doc["alone_p50_ms"] <= doc["alone_p99_ms"]
+    assert 100 <= doc["with_job_p50_ms"] <= doc["with_job_p99_ms"]
+    assert doc["job_requests"] >= 1000
+
+
+def test_drain_is_measured_per_slot_between_warm_up_and_the_last_full_batch() -> None:
+    # Two slots, each a 16-request batch every 0.1 s from t=0, sent 50 ms before the one ahead
+    # of it ends, then a half batch at the end.
+    rows = [
+        _BatchRow(f"w{slot}", 16, t - 0.15, t - 0.1, t, 0.1)
+        for slot in (0, 1)
+        for t in [0.1 * (k + 1) for k in range(30)]
+    ]
+    rows.append(_BatchRow("w0", 8, 3.0, 3.0, 3.1, 0.1))
+    figures = drain_figures(sorted(rows, key=lambda r: r.finished), 16, warmup_s=0.5)
+    assert figures["drain_rps"] == pytest.approx(320.0)
+    assert figures["mean_batch"] == 16 and figures["slots"] == 2
+    assert figures["idle_gap_p50_ms"] == pytest.approx(0.0, abs=1e-6)
+    assert figures["sent_ahead_p50_ms"] == pytest.approx(50.0)
+    begin, end = figures["window"]
+    assert begin == pytest.approx(0.5) and end == pytest.approx(3.0)

@@ -1,0 +1,120 @@
+"""Tenants on the live stack: fair share in batches under a 20x burst, and a burst far beyond
+capacity refused early (503 + Retry-After) with everything accepted still completed."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+import httpx
+
+from cli.deployment import Stack
+from cli.loadgen import LoadResult, open_loop, poisson_schedule
+from tests.support.live import db_rows, wait_terminal
+
+B8 = "echo-b8"  # one slot: 80 requests/s
+ECHO = "echo-100ms"
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+async def traffic(stack: Stack, tenant: str, rate: float, seconds: float, seed: int) -> LoadResult:
+    return await open_loop(
+        stack.url,
+        poisson_schedule(rate, seconds, seed),
+        lambda i: {"model": B8, "input": f"{tenant} {i}"},
+        headers=stack.auth(tenant),
+    )
+
+
+async def latencies_ms(stack: Stack, tenant: str, load: LoadResult) -> dict[str, float]:
+    assert load.errors == 0 and len(load.accepted) == len(load.submitted)
+    ids = [s.request_id for s in load.accepted if s.request_id]
+    async with httpx.AsyncClient(base_url=stack.url, headers=stack.auth(tenant)) as client:
+        results = await wait_terminal(client, ids, timeout_s=180)
+    assert all(r["status"] == "succeeded" for r in results.values())
+    return {i: float(r["timings"]["total_ms"]) for i, r in results.items()}
+
+
+async def test_a_small_tenant_keeps_its_latency_beside_one_sending_20x(
+    stack: Stack, http: httpx.AsyncClient
+) -> None:
+    stack.start_all({B8: 1})
+    for tenant in ("small", "big"):
+        stack.auth(tenant)  # keys first, so the load starts on time
+    alone = await latencies_ms(stack, "small", await traffic(stack, "small", 4.0, 12.0, seed=1))
+    small_load, big_load = await asyncio.gather(
+        traffic(stack, "small", 4.0, 12.0, seed=2), traffic(stack, "big", 80.0, 12.0, seed=3)
+    )
+    shared = await latencies_ms(stack, "small", small_load)
+    big = await latencies_ms(stack, "big", big_load)
+    alone_p99, shared_p99, big_p99 = (
+        p99(list(alone.values())),
+        p99(list(shared.values())),
+        p99(list(big.values())),
+    )
+    print(
+        f"small tenant p99 alone {alone_p99:.0f} ms, beside the 20x tenant {shared_p99:.0f} ms "
+        f"({shared_p99 / alone_p99:.2f}x); big tenant p99 {big_p99:.0f} ms"
+    )
+    assert shared_p99 <= 1.5 * alone_p99
+    # Every small request rode one of the first two batches that left after it arrived.
+    rows = db_rows(
+        stack,
+        "SELECT r.created_at, b.dispatched_at, "
+        " (SELECT count(*) FROM batches o WHERE o.model = :m AND o.dispatched_at > r.created_at"
+        "  AND o.dispatched_at < b.dispatched_at) AS skipped "
+        "FROM requests r JOIN batches b ON b.id = r.batch_id "
+        "WHERE r.tenant = 'small' AND r.id = ANY(CAST(:ids AS uuid[]))",
+        m=B8,
+        ids=list(shared),
+    )
+    skipped = [row.skipped for row in rows]
+    mean = sum(skipped) / len(skipped)
+    print(f"batches a small request waited out: max {max(skipped)}, mean {mean:.2f}")
+    assert len(rows) == len(shared) and max(skipped) <= 2
+
+
+async def test_a_burst_far_beyond_capacity_is_refused_early_and_nothing_accepted_is_lost(
+    stack: Stack, http: httpx.AsyncClient
+) -> None:
+    # One slot of 32 per 100 ms = 320/s; the backlog may hold 1 s of that.
+    stack.env = {**stack.env, "BATCHSERVE_MAX_QUEUE_S": "1", "BATCHSERVE_MIN_BACKLOG": "50"}
+    stack.start_all({ECHO: 1})
+    await wait_terminal(
+        http,
+        [(await http.post("/v1/requests", json={"model": ECHO, "input": "warm"})).json()["id"]],
+    )
+    await asyncio.sleep(0.3)  # a fresh load snapshot
+    burst = await open_loop(
+        stack.url,
+        [0.0] * 2000,
+        lambda i: {"model": ECHO, "input": f"burst {i}"},
+        headers=stack.auth("tests"),
+    )
+    codes: dict[int, int] = {}
+    for s in burst.submitted:
+        codes[s.status] = codes.get(s.status, 0) + 1
+    print(f"burst of 2000: {codes}, errors {burst.errors}")
+    assert burst.errors == 0 and set(codes) <= {202, 503}
+    assert codes.get(503, 0) > 0 and codes.get(202, 0) >= 320
+    refusals: list[dict[str, Any]] = []
+    async with httpx.AsyncClient(base_url=stack.url, headers=stack.auth("tests")) as client:
+        for _ in range(3):
+            late = await client.post("/v1/requests", json={"model": ECHO, "input": "late"})
+            if late.status_code == 503:
+                refusals.append({"retry_after": int(late.headers["retry-after"]), **late.json()})
+    if refusals:
+        problem = refusals[0]
+        assert problem["code"] == "overloaded" and problem["limit_name"] == "max_backlog"
+        assert 1 <= problem["retry_after"] <= 30
+    accepted = [s.request_id for s in burst.accepted if s.request_id]
+    results = await wait_terminal(http, accepted, timeout_s=120)
+    assert all(r["status"] == "succeeded" for r in results.values())
+    total = db_rows(stack, "SELECT count(*) AS n FROM requests WHERE tenant = 'tests'")[0].n
+    extra = 1 + (3 - len(refusals))  # the warm-up, and any late submit that was taken
+    assert total == len(accepted) + extra  # nothing refused was persisted, nothing dropped

@@ -1,0 +1,390 @@
+"""Bulk jobs and the OpenAI surface on the real app, Postgres, RabbitMQ and Redis, with the job
+driver stepped by the test (its clock is a parameter) and batches completed through the store
+the way a worker completes them."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from fastapi import FastAPI
+
+from api.batch_input import ValidatedFile, validate_file
+from api.main import create_app
+from core.bulk import JOB_PREFIX, parse_public_id
+from core.domain import ItemResult, Timings, from_epoch
+from core.settings import Settings
+from core.store import ItemOutcome, JobStore
+from tests.support import keys
+from workers.jobs import JobDriver, JobDriverConfig
+
+CHAT = "/v1/chat/completions"
+
+
+def settings_with(settings: Settings, **overrides: Any) -> Settings:
+    return settings.model_copy(update=overrides)
+
+
+@pytest.fixture
+async def bulk_settings(settings: Settings) -> Settings:
+    return settings_with(
+        settings, batch_min_window_s=1.0, webhook_allowlist="127.0.0.1", batch_max_requests=50
+    )
+
+
+@pytest.fixture
+async def app(bulk_settings: Settings) -> AsyncIterator[FastAPI]:
+    application = create_app(bulk_settings)
+    async with application.router.lifespan_context(application):
+        yield application
+
+
+@pytest.fixture
+async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://test", headers=keys.auth()
+    ) as http:
+        yield http
+
+
+def driver_of(app: FastAPI, chunk: int = 5000) -> JobDriver:
+    adapters = app.state.services.adapters
+    return JobDriver(
+        store=adapters.store,
+        queue=adapters.queue,
+        registry=adapters.registry,
+        settings=adapters.settings,
+        config=JobDriverConfig(ingest_chunk=chunk),
+    )
+
+
+def job_uuid(batch_id: str) -> uuid.UUID:
+    parsed = parse_public_id(batch_id, JOB_PREFIX)
+    assert parsed is not None
+    return parsed
+
+
+def store_of(app: FastAPI) -> JobStore:
+    return app.state.services.adapters.store
+
+
+def chat_line(custom_id: str, text: str, **body: Any) -> dict[str, Any]:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": CHAT,
+        "body": {"model": "echo-100ms", "messages": [{"role": "user", "content": text}], **body},
+    }
+
+
+def jsonl(lines: list[Any]) -> bytes:
+    return b"".join((ln if isinstance(ln, bytes) else orjson.dumps(ln)) + b"\n" for ln in lines)
+
+
+async def upload(client: httpx.AsyncClient, content: bytes) -> str:
+    response = await client.post(
+        "/v1/files", files={"file": ("in.jsonl", content)}, data={"purpose": "batch"}
+    )
+    assert response.status_code == 200, response.text
+    return str(response.json()["id"])
+
+
+async def create_batch(
+    client: httpx.AsyncClient, content: bytes, window: str = "24h", **extra: Any
+) -> dict[str, Any]:
+    body = {"input_file_id": await upload(client, content), "endpoint": CHAT}
+    response = await client.post("/v1/batches", json=body | {"completion_window": window} | extra)
+    assert response.status_code == 200, response.text
+    created = response.json()
+    assert created["status"] == "validating" and created["object"] == "batch"
+    return created
+
+
+async def get_batch(client: httpx.AsyncClient, batch_id: str) -> dict[str, Any]:
+    response = await client.get(f"/v1/batches/{batch_id}")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def content_lines(client: httpx.AsyncClient, file_id: str) -> list[dict[str, Any]]:
+    response = await client.get(f"/v1/files/{file_id}/content")
+    assert response.status_code == 200
+    return [orjson.loads(line) for line in response.content.splitlines()]
+
+
+async def run_all(store: JobStore, job_id: str, model: str = "echo-100ms") -> None:
+    """What batcher and worker do: claim the job's queued requests, answer each with its input."""
+    job = job_uuid(job_id)
+    async with store.engine.connect() as conn:
+        rows = (
+            await conn.exec_driver_sql(
+                "SELECT id FROM requests WHERE job_id = %(j)s AND state = 'queued'", {"j": job}
+            )
+        ).all()
+    ids = [str(r[0]) for r in rows]
+    now = time.time()
+    batch_id = uuid.uuid4()
+    claimed = await store.claim_batch(
+        batch_id=batch_id,
+        model=model,
+        request_ids=ids,
+        now=now,
+        estimated_s=0.1,
+        lease_until=now + 30,
+    )
+    start = await store.start_batch(batch_id, "test-worker", now, 30)
+    assert start is not None
+    outcomes = [
+        ItemOutcome(
+            ItemResult(
+                c.id,
+                output=(c.messages or [{}])[-1]["content"],
+                finish_reason="stop",
+                prompt_tokens=1,
+                completion_tokens=1,
+            ),
+            Timings(1.0, 1.0, 100.0, 102.0),
+        )
+        for c in claimed
+    ]
+    await store.complete_batch(
+        batch_id, attempt=1, outcomes=outcomes, now=time.time(), model_ms=100.0
+    )
+
+
+async def test_a_job_goes_from_validating_to_completed_with_one_line_per_custom_id(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    lines = [chat_line(f"req-{i}", f"hello {i}") for i in range(12)]
+    created = await create_batch(
+        client, jsonl(lines), metadata={"team": "x"}, webhook_url="http://127.0.0.1:9/hook"
+    )
+    driver = driver_of(app, chunk=5)
+    assert await driver.ingest_once(time.time()) == 1
+    started = await get_batch(client, created["id"])
+    assert started["status"] == "in_progress" and started["in_progress_at"] is not None
+    assert started["request_counts"] == {"total": 12, "completed": 0, "failed": 0}
+    assert started["model"] == "echo-100ms" and started["metadata"] == {"team": "x"}
+
+    await run_all(store_of(app), created["id"])
+    await driver.settle(time.time())
+    done = await get_batch(client, created["id"])
+    assert done["status"] == "completed", done
+    assert done["finalizing_at"] and done["completed_at"] and done["error_file_id"] is None
+    assert done["request_counts"] == {"total": 12, "completed": 12, "failed": 0}
+    output = await content_lines(client, done["output_file_id"])
+    assert [line["custom_id"] for line in output] == [f"req-{i}" for i in range(12)]
+    first = output[0]
+    assert first["error"] is None and first["response"]["status_code"] == 200
+    body = first["response"]["body"]
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": "hello 0",
+        "refusal": None,
+    }
+    file_info = (await client.get(f"/v1/files/{done['output_file_id']}")).json()
+    assert file_info["purpose"] == "batch_output" and file_info["object"] == "file"
+
+    # The batch.completed webhook was queued with the transition that ended the job.
+    async with store_of(app).engine.connect() as conn:
+        events = (
+            await conn.exec_driver_sql(
+                "SELECT event_type, request_id FROM webhook_deliveries WHERE job_id = %(j)s",
+                {"j": job_uuid(created["id"])},
+            )
+        ).all()
+    assert [tuple(e) for e in events] == [("batch.completed", None)]
+
+
+async def test_a_bad_file_fails_the_job_with_each_error_on_its_line(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    other = dict(chat_line("c", "x"), url="/v1/completions")
+    lines: list[Any] = [
+        chat_line("a", "fine"),
+        b"{not json",
+        chat_line("a", "again"),
+        other,
+        dict(chat_line("d", "x"), method="GET"),
+        chat_line("e", "x")
+        | {"body": {"model": "nope", "messages": [{"role": "user", "content": "x"}]}},
+        chat_line("f", "x", temperature=5),
+        chat_line("g", "x", n=2),
+        chat_line("h", "x", max_tokens=10**6),
+    ]
+    created = await create_batch(client, jsonl(lines))
+    await driver_of(app).ingest_once(time.time())
+    failed = await get_batch(client, created["id"])
+    assert failed["status"] == "failed" and failed["failed_at"] is not None
+    errors = {e["line"]: e for e in failed["errors"]["data"]}
+    assert sorted(errors) == [2, 3, 4, 5, 6, 7, 8, 9]
+    assert errors[2]["code"] == "invalid_json_line"
+    assert errors[3]["code"] == "duplicate_custom_id"
+    assert errors[4]["code"] == "invalid_url"
+    assert errors[5]["code"] == "invalid_method"
+    assert errors[6]["code"] == "model_not_found"
+    assert errors[7]["param"] == "body.temperature"
+    assert errors[8]["param"] == "body.n"
+    assert errors[9]["param"] == "body.max_tokens"
+    assert failed["request_counts"] == {"total": 0, "completed": 0, "failed": 0}
+    assert await store_of(app).job_counts(job_uuid(created["id"])) == {}
+
+
+async def test_over_the_line_count_limit_is_refused_at_the_first_line_too_many(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    created = await create_batch(client, jsonl([chat_line(f"r{i}", "x") for i in range(51)]))
+    await driver_of(app).ingest_once(time.time())
+    failed = await get_batch(client, created["id"])
+    assert failed["status"] == "failed"
+    assert [(e["code"], e["line"]) for e in failed["errors"]["data"]] == [("too_many_requests", 51)]
+
+
+async def test_a_job_past_its_window_expires_with_batch_expired_lines(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    created = await create_batch(client, jsonl([chat_line(f"r{i}", "x") for i in range(6)]), "2s")
+    driver = driver_of(app)
+    await driver.ingest_once(time.time())
+    await driver.settle(time.time() + 5)
+    expired = await get_batch(client, created["id"])
+    assert expired["status"] == "expired" and expired["expired_at"] is not None
+    assert expired["request_counts"] == {"total": 6, "completed": 0, "failed": 6}
+    assert expired["output_file_id"] is None
+    errors = await content_lines(client, expired["error_file_id"])
+    assert sorted(e["custom_id"] for e in errors) == [f"r{i}" for i in range(6)]
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+
+
+async def test_ingest_that_died_halfway_resumes_without_duplicates(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    created = await create_batch(client, jsonl([chat_line(f"r{i}", f"t{i}") for i in range(10)]))
+    store = store_of(app)
+    first = driver_of(app, chunk=4)
+    claim = await store.claim_ingest(time.time(), lease_s=30)
+    assert claim is not None
+    content = await store.file_content(claim.input_file_id, claim.tenant)
+    checked = validate_file(
+        content or b"",
+        claim=claim,
+        registry=first._registry,
+        settings=first._settings,
+        now=from_epoch(time.time()),
+    )
+    assert isinstance(checked, ValidatedFile)
+    assert await store.ingest_chunk(
+        claim, checked.commands[:4], start=0, now=time.time(), lease_s=30
+    )
+    # The first driver dies here. Nobody else may take the job until its lease runs out...
+    assert await store.claim_ingest(time.time(), lease_s=30) is None
+    # ... and once it has, the next driver resumes at line 5.
+    second = await store.claim_ingest(time.time() + 31, lease_s=30)
+    assert second is not None and second.ingested_lines == 4
+    await first.ingest(second)
+    # The dead driver's claim is fenced off: it cannot write again.
+    assert not await store.ingest_chunk(
+        claim, checked.commands[4:], start=4, now=time.time(), lease_s=30
+    )
+    started = await get_batch(client, created["id"])
+    assert started["status"] == "in_progress"
+    assert started["request_counts"]["total"] == 10
+    assert await store.job_counts(job_uuid(created["id"])) == {"queued": 10}
+
+
+async def test_cancelling_a_job_cancels_its_requests_and_ends_cancelled(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    created = await create_batch(client, jsonl([chat_line(f"r{i}", "x") for i in range(8)]))
+    driver = driver_of(app)
+    await driver.ingest_once(time.time())
+    cancelling = (await client.post(f"/v1/batches/{created['id']}/cancel")).json()
+    assert cancelling["status"] == "cancelling" and cancelling["cancelling_at"] is not None
+    await driver.settle(time.time())
+    cancelled = await get_batch(client, created["id"])
+    assert cancelled["status"] == "cancelled" and cancelled["cancelled_at"] is not None
+    assert cancelled["request_counts"] == {"total": 8, "completed": 0, "failed": 8}
+    errors = await content_lines(client, cancelled["error_file_id"])
+    assert {e["error"]["code"] for e in errors} == {"batch_cancelled"} and len(errors) == 8
+    again = await client.post(f"/v1/batches/{created['id']}/cancel")
+    assert again.status_code == 200 and again.json()["status"] == "cancelled"
+    async with store_of(app).engine.connect() as conn:
+        logged = (
+            await conn.exec_driver_sql(
+                "SELECT count(*) FROM request_events e JOIN requests r ON r.id = e.request_id"
+                " WHERE r.job_id = %(j)s AND e.state = 'cancelled'",
+                {"j": job_uuid(created["id"])},
+            )
+        ).scalar()
+    assert logged == 8
+
+
+async def test_list_batches_pages_newest_first_in_the_openai_list_shape(
+    client: httpx.AsyncClient,
+) -> None:
+    ids = [(await create_batch(client, jsonl([chat_line("a", "x")])))["id"] for _ in range(3)]
+    page = (await client.get("/v1/batches", params={"limit": 2})).json()
+    assert page["object"] == "list" and page["has_more"] is True
+    assert [b["id"] for b in page["data"]] == ids[::-1][:2]
+    assert page["first_id"] == ids[2] and page["last_id"] == ids[1]
+    rest = (await client.get("/v1/batches", params={"limit": 2, "after": page["last_id"]})).json()
+    assert [b["id"] for b in rest["data"]] == [ids[0]] and rest["has_more"] is False
+    other = await client.get("/v1/batches", headers=keys.auth("someone-else"))
+    assert other.json()["data"] == []
+    assert (
+        await client.get(f"/v1/batches/{ids[0]}", headers=keys.auth("someone-else"))
+    ).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param", "code"),
+    [
+        ({"n": 2}, 400, "n", "invalid_input"),
+        ({"stream": True}, 400, "stream", "invalid_input"),
+        ({"temperature": 5}, 400, "temperature", "invalid_input"),
+        ({"max_tokens": 10**6}, 400, "max_tokens", "invalid_input"),
+        ({"model": "no-such-model"}, 404, "model", "model_not_found"),
+        (
+            {"messages": [{"role": "tool", "content": "x"}]},
+            400,
+            "messages[0].role",
+            "invalid_input",
+        ),
+        ({"temperature": "hot"}, 400, "temperature", "invalid_value"),
+    ],
+)
+async def test_openai_routes_answer_errors_in_openai_shape(
+    client: httpx.AsyncClient, body: dict[str, Any], status: int, param: str, code: str
+) -> None:
+    base = {"model": "echo-100ms", "messages": [{"role": "user", "content": "hi"}]}
+    response = await client.post(CHAT, json=base | body)
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    error = response.json()["error"]
+    assert error["param"] == param and error["code"] == code and error["message"]
+    assert error["type"] == ("invalid_request_error" if status < 500 else "server_error")
+
+
+async def test_batch_creation_refuses_bad_endpoint_window_and_file(
+    client: httpx.AsyncClient,
+) -> None:
+    file_id = await upload(client, jsonl([chat_line("a", "x")]))
+    base = {"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"}
+    bad_endpoint = await client.post("/v1/batches", json=base | {"endpoint": "/v1/embeddings"})
+    assert bad_endpoint.status_code == 400 and bad_endpoint.json()["error"]["param"] == "endpoint"
+    bad_window = await client.post("/v1/batches", json=base | {"completion_window": "30d"})
+    assert bad_window.json()["error"]["param"] == "completion_window"
+    missing = await client.post("/v1/batches", json=base | {"input_file_id": "file-nope"})
+    assert missing.status_code == 404 and "error" in missing.json()
+    wrong_purpose = await client.post(
+        "/v1/files", files={"file": ("x.jsonl", b"{}")}, data={"purpose": "fine-tune"}
+    )
+    assert wrong_purpose.status_code == 400
+    assert wrong_purpose.json()["error"]["param"] == "purpose"

@@ -1,0 +1,98 @@
+"""A bulk job on the embedded backend (SQLite, in-process queue): the same driver and store."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import orjson
+
+from core.broker import MemoryRequestQueue
+from core.bulk import Endpoint, FilePurpose, JobStatus, NewJob
+from core.db import create_engine
+from core.domain import ItemResult, Lane, Timings, from_epoch
+from core.migrate import upgrade
+from core.settings import Settings
+from core.store import ItemOutcome, JobStore
+from models.registry import load_registry
+from tests.conftest import TEST_MODELS
+from workers.jobs import JobDriver, JobDriverConfig
+
+
+async def test_a_job_ingests_runs_and_completes_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path}/bulk.sqlite3"
+    upgrade(url)
+    engine = create_engine(url)
+    store = JobStore(engine)
+    queue = MemoryRequestQueue()
+    settings = Settings(home=tmp_path)
+    driver = JobDriver(
+        store=store,
+        queue=queue,
+        registry=load_registry(TEST_MODELS),
+        settings=settings,
+        config=JobDriverConfig(ingest_chunk=700),
+    )
+    lines = [
+        {
+            "custom_id": f"c{i}",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": "echo-100ms", "prompt": f"p{i}", "max_tokens": 4},
+        }
+        for i in range(1500)
+    ]
+    now = time.time()
+    content = b"".join(orjson.dumps(line) + b"\n" for line in lines)
+    file = await store.create_file(
+        tenant="t", purpose=FilePurpose.BATCH, filename="in.jsonl", content=content, now=now
+    )
+    job_id = uuid.uuid4()
+    await store.create_job(
+        NewJob(
+            id=job_id,
+            tenant="t",
+            endpoint=Endpoint.COMPLETIONS,
+            completion_window="24h",
+            input_file_id=file.id,
+            created_at=from_epoch(now),
+            expires_at=from_epoch(now) + timedelta(hours=24),
+        )
+    )
+    try:
+        assert await driver.ingest_once(time.time()) == 1
+        assert await queue.depth("echo-100ms", Lane.BULK) == 1500
+        messages = await store.queued_messages()
+        assert len(messages) == 1500 and {m.lane for m in messages} == {Lane.BULK}
+
+        batch_id = uuid.uuid4()
+        claimed = await store.claim_batch(
+            batch_id=batch_id,
+            model="echo-100ms",
+            request_ids=[m.id for m in messages],
+            now=time.time(),
+            estimated_s=0.1,
+            lease_until=time.time() + 30,
+        )
+        await store.start_batch(batch_id, "w", time.time(), 30)
+        outcomes = [
+            ItemOutcome(ItemResult(c.id, output=c.input, finish_reason="stop"), Timings(1, 1, 1, 3))
+            for c in claimed
+        ]
+        await store.complete_batch(
+            batch_id, attempt=1, outcomes=outcomes, now=time.time(), model_ms=100
+        )
+        await driver.settle(time.time())
+        job = await store.get_job(job_id)
+        assert job is not None and job.status is JobStatus.COMPLETED
+        assert (job.counts.total, job.counts.completed, job.counts.failed) == (1500, 1500, 0)
+        assert job.output_file_id is not None
+        output = await store.file_content(job.output_file_id, "t")
+        assert output is not None
+        parsed = [orjson.loads(line) for line in output.splitlines()]
+        assert [p["custom_id"] for p in parsed] == [f"c{i}" for i in range(1500)]
+        assert parsed[7]["response"]["body"]["choices"][0]["text"] == "p7"
+    finally:
+        await engine.dispose()

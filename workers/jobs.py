@@ -1,0 +1,216 @@
+"""The job driver: moves bulk jobs along, from ``validating`` to an ending.
+
+Two loops, run by ``batchserve maintenance`` (and the embedded mode):
+
+- **ingest**: lease a validating job, validate its file (refusing it whole, with line numbers,
+  on any bad line), then persist its requests a chunk at a time (``COPY`` on Postgres) and
+  publish each chunk to the model's ``bulk`` queue in one confirmed round; then ``in_progress``.
+  A driver that dies mid-ingest leaves its lease to run out; the next resumes where it stopped.
+- **settle**: a job whose requests are all finished goes ``finalizing`` and then ``completed``
+  with its output files; one past ``expires_at`` has its unfinished requests expired
+  (``batch_expired``) and ends ``expired``; one ``cancelling`` has them cancelled and ends
+  ``cancelled``. Every request transition goes through the store's verbs.
+
+Several drivers may run at once: leases, conditional updates and ``SKIP LOCKED`` keep them apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from api.batch_files import render_files
+from api.batch_input import ValidatedFile, validate_file
+from core.broker import RequestQueue
+from core.bulk import IngestClaim, JobStatus, LineError
+from core.domain import ErrorCode, RequestState, SubmitCommand, from_epoch
+from core.errors import Unavailable
+from core.records import command_message
+from core.settings import Settings
+from core.store import ActiveJob, JobStore
+from models.registry import Registry
+
+log = logging.getLogger("batchserve.jobs")
+
+J = JobStatus
+PUBLISH_CHUNK = 1000  # messages per confirmed publish round
+
+
+@dataclass(frozen=True, slots=True)
+class JobDriverConfig:
+    tick_s: float = 0.5
+    lease_s: float = 30.0
+    ingest_chunk: int = 5000
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> JobDriverConfig:
+        return cls(ingest_chunk=settings.batch_ingest_chunk)
+
+
+class JobDriver:
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        queue: RequestQueue,
+        registry: Registry,
+        settings: Settings,
+        config: JobDriverConfig | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._queue = queue
+        self._registry = registry
+        self._settings = settings
+        self.config = config or JobDriverConfig.from_settings(settings)
+        self._clock = clock
+
+    async def run(self) -> None:
+        log.info("job_driver_started tick_s=%.2f", self.config.tick_s)
+        await asyncio.gather(self._forever(self.ingest_once), self._forever(self.settle))
+
+    async def _forever(self, step: Callable[[float], Awaitable[int]]) -> None:
+        while True:
+            done = 0
+            try:
+                done = await step(self._clock())
+            except Unavailable as error:
+                log.warning("job_driver_backoff error=%s", error)
+            except Exception:
+                log.exception("job_driver_step_failed step=%s", step.__name__)
+            if not done:
+                await asyncio.sleep(self.config.tick_s)
+
+    # -- ingest ------------------------------------------------------------------------------
+
+    async def ingest_once(self, now: float) -> int:
+        """Lease one validating job and ingest it; 1 if there was one."""
+        claim = await self._store.claim_ingest(now, lease_s=self.config.lease_s)
+        if claim is None:
+            return 0
+        await self.ingest(claim)
+        return 1
+
+    async def ingest(self, claim: IngestClaim) -> None:
+        content = await self._store.file_content(claim.input_file_id, claim.tenant)
+        started = self._clock()
+        checked = validate_file(
+            content or b"",
+            claim=claim,
+            registry=self._registry,
+            settings=self._settings,
+            now=from_epoch(started),
+        )
+        if not isinstance(checked, ValidatedFile):
+            failed = await self._store.fail_job(claim, checked, self._clock())
+            log.info("job_refused job_id=%s errors=%d held=%s", claim.job_id, len(checked), failed)
+            return
+        commands = checked.commands
+        if claim.ingested_lines == 0:
+            over = await self._over_bulk_quota(claim.tenant, len(commands))
+            if over is not None:
+                await self._store.fail_job(claim, [over], self._clock())
+                log.info("job_refused job_id=%s reason=max_bulk_in_flight", claim.job_id)
+                return
+        at = claim.ingested_lines
+        while at < len(commands):
+            chunk = commands[at : at + self.config.ingest_chunk]
+            if not await self._persist(claim, chunk, at):
+                log.info("job_ingest_stopped job_id=%s at=%d", claim.job_id, at)
+                return
+            at += len(chunk)
+        now = self._clock()
+        started_ok = await self._store.start_job(
+            claim, total=len(commands), model=checked.model, now=now
+        )
+        log.info(
+            "job_ingested job_id=%s requests=%d resumed_at=%d seconds=%.2f started=%s",
+            claim.job_id,
+            len(commands),
+            claim.ingested_lines,
+            now - started,
+            started_ok,
+        )
+
+    async def _over_bulk_quota(self, tenant: str, requests: int) -> LineError | None:
+        row = await self._store.get_tenant(tenant)
+        limit = (row.max_bulk_in_flight if row else None) or (
+            self._settings.tenant_max_bulk_in_flight
+        )
+        in_flight = await self._store.bulk_in_flight(tenant)
+        if in_flight + requests <= limit:
+            return None
+        return LineError(
+            "quota_exceeded",
+            f"this job's {requests} requests and the {in_flight} bulk requests in flight "
+            f"exceed the tenant's limit of {limit} (max_bulk_in_flight)",
+        )
+
+    async def _persist(self, claim: IngestClaim, chunk: Sequence[SubmitCommand], at: int) -> bool:
+        """Commit one chunk, then publish it; False when the claim no longer holds the job."""
+        now = self._clock()
+        stamped = [dataclasses.replace(c, created_at=from_epoch(now)) for c in chunk]
+        if not await self._store.ingest_chunk(
+            claim, stamped, start=at, now=now, lease_s=self.config.lease_s
+        ):
+            return False
+        for first in range(0, len(stamped), PUBLISH_CHUNK):
+            part = stamped[first : first + PUBLISH_CHUNK]
+            try:
+                await self._queue.publish([command_message(c) for c in part])
+            except Unavailable as error:
+                # Committed: maintenance republishes what was never confirmed.
+                log.warning("job_publish_failed job_id=%s error=%s", claim.job_id, error)
+                return True
+            await self._store.mark_published([str(c.id) for c in part])
+        return True
+
+    # -- settle ------------------------------------------------------------------------------
+
+    async def settle(self, now: float) -> int:
+        """One pass over the jobs not yet ended; how many moved."""
+        moved = 0
+        for job in await self._store.active_jobs():
+            moved += await self._settle_one(job, now)
+        return moved
+
+    async def _settle_one(self, job: ActiveJob, now: float) -> int:
+        if job.status is J.CANCELLING:
+            return await self._end(job, RequestState.CANCELLED, J.CANCELLED, now)
+        if job.status in (J.IN_PROGRESS, J.FINALIZING):
+            if job.status is J.IN_PROGRESS and not await self._store.mark_finalizing(job.id, now):
+                if job.expires_at <= from_epoch(now):
+                    return await self._end(job, RequestState.EXPIRED, J.EXPIRED, now)
+                return 0
+            return await self._finish(job, (J.FINALIZING,), J.COMPLETED, now)
+        if job.status is J.VALIDATING and job.expires_at <= from_epoch(now):
+            return await self._end(job, RequestState.EXPIRED, J.EXPIRED, now)
+        return 0
+
+    async def _end(self, job: ActiveJob, state: RequestState, ending: JobStatus, now: float) -> int:
+        """Expire or cancel the job's unfinished requests, then end the job if none is left."""
+        code = ErrorCode.BATCH_CANCELLED if ending is J.CANCELLED else ErrorCode.BATCH_EXPIRED
+        message = (
+            "the batch was cancelled"
+            if ending is J.CANCELLED
+            else "the batch's completion window ended before this request ran"
+        )
+        while ended := await self._store.end_job_requests(
+            job.id, state, code=code.value, message=message, now=now
+        ):
+            log.info("job_requests_ended job_id=%s state=%s count=%d", job.id, state, len(ended))
+        return await self._finish(job, (job.status,), ending, now)
+
+    async def _finish(
+        self, job: ActiveJob, from_statuses: tuple[JobStatus, ...], ending: JobStatus, now: float
+    ) -> int:
+        done = await self._store.finish_job(
+            job.id, from_statuses=from_statuses, to_status=ending, now=now, render=render_files
+        )
+        if done:
+            log.info("job_ended job_id=%s status=%s", job.id, ending.value)
+        return int(done)
