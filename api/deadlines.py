@@ -7,9 +7,6 @@ from core.domain import Lane, SubmitCommand, from_epoch, to_epoch
 from core.errors import DeadlineUnmeetable
 from core.loadboard import LoadBoard
 
-# A snapshot older than this says nothing reliable about the batcher now: admit.
-STALE_AFTER_S = 2.0
-
 
 async def refuse_if_hopeless(board: LoadBoard, command: SubmitCommand, now: float) -> None:
     """Raise :class:`DeadlineUnmeetable` when the estimated completion is past the deadline.
@@ -18,8 +15,8 @@ async def refuse_if_hopeless(board: LoadBoard, command: SubmitCommand, now: floa
     bulk), when each worker slot frees up, and the batch-time estimate. Without a fresh
     snapshot, or with no worker at all, the request is admitted: we don't know better.
     """
-    snapshot = await board.read(command.model)
-    if snapshot is None or now - snapshot.at > STALE_AFTER_S:
+    snapshot = await board.fresh(command.model, now)
+    if snapshot is None:
         return
     ahead = snapshot.ahead_of(bulk=command.lane is Lane.BULK)
     finish = estimate_finish(

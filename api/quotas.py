@@ -31,7 +31,6 @@ from core.store import JobStore, TenantRow
 log = logging.getLogger("batchserve.quotas")
 
 REFRESH_S = 1.0
-STALE_AFTER_S = 2.0
 UNSEEN_S = 1.5  # the batcher's broker depth is refreshed every second
 
 
@@ -115,8 +114,8 @@ class Quotas:
 
     async def _check_backlog(self, model: str, now: float) -> None:
         """The model's interactive backlog is bounded by ``max_queue_s`` of its capacity."""
-        snapshot = await self._board.read(model)
-        if snapshot is None or now - snapshot.at > STALE_AFTER_S:
+        snapshot = await self._board.fresh(model, now)
+        if snapshot is None:
             return  # no word from the batcher: the queued quota still bounds each tenant
         recent = self._recent.get(model, collections.deque())
         horizon = time.monotonic() - UNSEEN_S

@@ -47,12 +47,21 @@ class LoadSnapshot:
         return ahead + self.pending_bulk + self.queued_bulk if bulk else ahead
 
 
+# A snapshot older than this says nothing reliable about the batcher now.
+STALE_AFTER_S = 2.0
+
+
 class LoadBoard(ABC):
     @abstractmethod
     async def publish(self, snapshot: LoadSnapshot) -> None: ...
 
     @abstractmethod
     async def read(self, model: str) -> LoadSnapshot | None: ...
+
+    async def fresh(self, model: str, now: float) -> LoadSnapshot | None:
+        """The model's snapshot, or None when there is none or it is stale: don't know."""
+        snapshot = await self.read(model)
+        return None if snapshot is None or now - snapshot.at > STALE_AFTER_S else snapshot
 
     async def close(self) -> None:
         return None
