@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Sequence
 
 from core.broker import RequestQueue
@@ -59,7 +60,7 @@ class Admitter:
         self._waiting: list[_Waiting] = []
         self._admitting: set[tuple[str, str]] = set()
         self._kick = asyncio.Event()
-        self._published: list[str] = []
+        self._published: list[tuple[list[str], float]] = []  # ids and when they were published
         self._published_kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.broker_healthy = True
@@ -81,7 +82,7 @@ class Admitter:
                 await task
         if self._published:
             with contextlib.suppress(Unavailable):
-                await self._store.mark_published(self._published)
+                await self._store.mark_published_groups(self._published)
 
     async def submit(self, command: SubmitCommand) -> Admission:
         key = None
@@ -158,7 +159,7 @@ class Admitter:
             self.broker_healthy = False
             return
         self.broker_healthy = True
-        self._published.extend(m.id for m in messages)
+        self._published.append(([m.id for m in messages], time.time()))
         self._published_kick.set()
 
     async def _mark_published_forever(self) -> None:
@@ -166,11 +167,12 @@ class Admitter:
             await self._published_kick.wait()
             await asyncio.sleep(0.05)  # let a few groups accumulate
             self._published_kick.clear()
-            ids, self._published = self._published, []
+            groups, self._published = self._published, []
             try:
-                await self._store.mark_published(ids)
+                await self._store.mark_published_groups(groups)
             except Unavailable as error:
-                log.warning("mark_published_failed count=%d error=%s", len(ids), error)
+                count = sum(len(ids) for ids, _ in groups)
+                log.warning("mark_published_failed count=%d error=%s", count, error)
             except asyncio.CancelledError:
-                self._published = ids + self._published  # stop() marks them
+                self._published = groups + self._published  # stop() marks them
                 raise

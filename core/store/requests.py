@@ -146,15 +146,21 @@ class RequestVerbs(StoreBase):
         return found
 
     async def mark_published(self, ids: Sequence[str], now: float | None = None) -> None:
-        if not ids:
+        await self.mark_published_groups([(ids, now or time.time())])
+
+    async def mark_published_groups(self, groups: Sequence[tuple[Sequence[str], float]]) -> None:
+        """Record when each group of messages reached the broker, in one transaction."""
+        groups = [(ids, at) for ids, at in groups if ids]
+        if not groups:
             return
         async with transaction(self.engine) as conn:
-            await conn.execute(
-                update(requests_t)
-                .where(requests_t.c.id.in_([uuid.UUID(i) for i in ids]))
-                .where(requests_t.c.published_at.is_(None))
-                .values(published_at=from_epoch(now or time.time()))
-            )
+            for ids, at in groups:
+                await conn.execute(
+                    update(requests_t)
+                    .where(requests_t.c.id.in_([uuid.UUID(i) for i in ids]))
+                    .where(requests_t.c.published_at.is_(None))
+                    .values(published_at=from_epoch(at))
+                )
 
     # -- reads -------------------------------------------------------------------------
 
