@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Annotated
 
 import httpx
 import typer
 
+from core import loops
 from core.logs import setup_logging
 from core.settings import Settings, load_settings
 
@@ -43,7 +43,7 @@ def serve(host: Host = "127.0.0.1", port: Port = 8000) -> None:
     if settings.embedded:
         from cli.embedded import run_embedded
 
-        asyncio.run(run_embedded(settings, host, port))
+        loops.run(run_embedded(settings, host, port))
         return
     from cli.supervisor import Supervisor, plan_children
     from core.migrate import upgrade
@@ -76,7 +76,7 @@ def batcher(
     """The batcher: forms batches when worker slots are free (hot standby if one runs already)."""
     from cli.roles import run_batcher
 
-    asyncio.run(run_batcher(_settings("batcher"), model))
+    loops.run(run_batcher(_settings("batcher"), model))
 
 
 @app.command()
@@ -104,7 +104,7 @@ def maintenance() -> None:
     """Expire overdue requests, reap expired leases, republish, prune idempotency keys."""
     from cli.roles import run_maintenance
 
-    asyncio.run(run_maintenance(_settings("maintenance")))
+    loops.run(run_maintenance(_settings("maintenance")))
 
 
 @app.command()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +59,25 @@ def is_postgres(engine: AsyncEngine) -> bool:
 @contextlib.asynccontextmanager
 async def transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
     """A transaction; connection-level driver failures become :class:`Unavailable`."""
-    try:
+    with _unavailable_on_failure():
         async with engine.begin() as conn:
             yield conn
+
+
+@contextlib.asynccontextmanager
+async def autocommit(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection whose every statement commits by itself: a single statement costs one
+    round trip, without BEGIN and COMMIT around it."""
+    with _unavailable_on_failure():
+        async with engine.connect() as conn:
+            yield await conn.execution_options(isolation_level="AUTOCOMMIT")
+
+
+@contextlib.contextmanager
+def _unavailable_on_failure() -> Iterator[None]:
+    """Connection-level driver failures become :class:`Unavailable`."""
+    try:
+        yield
     except (exc.OperationalError, exc.InterfaceError) as error:
         raise Unavailable(
             f"database unavailable: {_first_line(error)}", component="database"

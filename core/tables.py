@@ -142,6 +142,7 @@ class Batch(Base):
 
     __table_args__ = (
         Index("ix_batches_model_dispatched_at", "model", "dispatched_at"),
+        Index("ix_batches_worker_started_at", "worker", "started_at"),  # crash attribution
         Index(
             "ix_batches_open_lease",
             "lease_expires_at",

@@ -55,17 +55,25 @@ class InProcessDispatcher:
     def __init__(self, runners: dict[str, BatchRunner]) -> None:
         self._runners = runners
         self._tasks: set[asyncio.Task[None]] = set()
+        self._busy: dict[str, set[int]] = {model: set() for model in runners}
 
     async def dispatch(self, message: BatchMessage, time_limit_s: float) -> None:
-        task = asyncio.create_task(self._run(message))
+        # Each running batch has a slot number of its own, so that every worker id (model and
+        # slot) runs one batch at a time, as a Celery pool process does.
+        busy = self._busy[message.model]
+        slot = next(n for n in range(len(busy) + 1) if n not in busy)
+        busy.add(slot)
+        task = asyncio.create_task(self._run(message, slot))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, message: BatchMessage) -> None:
+    async def _run(self, message: BatchMessage, slot: int) -> None:
         try:
-            await self._runners[message.model].run(message)
+            await self._runners[message.model].run(message, slot=slot)
         except Exception:
             log.exception("batch_failed batch_id=%s", message.batch_id)
+        finally:
+            self._busy[message.model].discard(slot)
 
     async def close(self) -> None:
         for task in list(self._tasks):

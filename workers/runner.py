@@ -93,9 +93,6 @@ class BatchRunner:
         self._write_patience_s = write_patience_s
         self._clock = clock
         self._cancelled: dict[str, float] = {}  # request id -> when we heard
-        # Batches whose model is through and whose results are still being written, with the
-        # model's time: the next start records them (see JobStore.start_batch).
-        self._writing: dict[uuid.UUID, float] = {}
         self._subscription: Subscription | None = None
 
     def _watch_cancellations(self) -> None:
@@ -115,11 +112,16 @@ class BatchRunner:
                 self._backend.should_stop = self._cancelled.__contains__
 
     async def run(
-        self, message: BatchMessage, model_done: Callable[[], None] | None = None
+        self,
+        message: BatchMessage,
+        model_done: Callable[[], None] | None = None,
+        *,
+        slot: int | None = None,
     ) -> None:
-        """Run one batch and store its results (everything on this event loop)."""
+        """Run one batch and store its results (everything on this event loop). ``slot``: which
+        of this runner's concurrent slots runs it, where it has several (the embedded mode)."""
         with bind(batch_id=message.batch_id, model=message.model):
-            batch = await self.open(message)
+            batch = await self.open(message, slot=slot)
             try:
                 output = await asyncio.to_thread(batch.run_model) if batch.ours else None
             finally:
@@ -127,35 +129,30 @@ class BatchRunner:
                     model_done()
             await batch.conclude(output)
 
-    async def open(self, message: BatchMessage) -> OpenBatch:
+    async def open(self, message: BatchMessage, *, slot: int | None = None) -> OpenBatch:
         """Take the batch's lease. The model must not start before: a worker that dies running
         it is then known to have started it, and the batch is halved rather than resent whole.
         Then run the model in any thread (:meth:`OpenBatch.run_model`) and let
         :meth:`OpenBatch.conclude` store what it made, on this loop."""
         self._watch_cancellations()
-        batch = OpenBatch(self, message)
+        worker = self.worker_id if slot is None else f"{self.worker_id}#{slot}"
+        batch = OpenBatch(self, message, worker)
         await batch.started()
         return batch
 
-    async def _start(self, batch_id: uuid.UUID) -> BatchStart | Reaped | None:
+    async def _start(self, batch_id: uuid.UUID, worker: str) -> BatchStart | Reaped | None:
         async def attempt() -> BatchStart | Reaped | None:
-            return await self._store.start_batch(
-                batch_id,
-                self.worker_id,
-                self._clock(),
-                self._lease_s,
-                models_done=dict(self._writing),
-            )
+            return await self._store.start_batch(batch_id, worker, self._clock(), self._lease_s)
 
         return await self._with_patience(batch_id, attempt)
 
     async def _hold_lease(
-        self, batch_id: uuid.UUID, starting: asyncio.Task[BatchStart | Reaped | None]
+        self, batch_id: uuid.UUID, worker: str, starting: asyncio.Task[BatchStart | Reaped | None]
     ) -> None:
         """Once the lease is ours, renew it until the batch's results are stored."""
         start = await starting
         if isinstance(start, BatchStart):
-            await self._keep_lease(batch_id, start.attempt)
+            await self._keep_lease(batch_id, worker, start.attempt)
 
     async def _store_results(
         self,
@@ -238,24 +235,24 @@ class BatchRunner:
         except Unavailable as error:  # maintenance republishes what stays unpublished
             log.warning("requeue_publish_failed batch_id=%s error=%s", message.batch_id, error)
 
-    async def _announce(self, message: BatchMessage, outcome: BatchOutcome) -> None:
+    async def _announce(self, message: BatchMessage, outcome: BatchOutcome, worker: str) -> None:
         """Tell the batcher the slot is free (it may already have sent the next batch)."""
         await self._events.publish(
             BatchClosed(
                 model=message.model,
                 batch_id=message.batch_id,
                 outcome=outcome.value,
-                worker=self.worker_id,
+                worker=worker,
             )
         )
 
-    async def _keep_lease(self, batch_id: uuid.UUID, attempt: int) -> None:
+    async def _keep_lease(self, batch_id: uuid.UUID, worker: str, attempt: int) -> None:
         period_s = self._lease_s / 3.0
         while True:
             await asyncio.sleep(period_s)
             try:
                 held = await self._store.renew_lease(
-                    batch_id, self.worker_id, attempt, self._clock() + self._lease_s
+                    batch_id, worker, attempt, self._clock() + self._lease_s
                 )
             except Unavailable:
                 continue
@@ -283,12 +280,15 @@ def _timings(item: BatchItem, message: BatchMessage, model_ms: float, finished: 
 class OpenBatch:
     """A batch whose model may run while its lease is being taken, on this worker."""
 
-    def __init__(self, runner: BatchRunner, message: BatchMessage) -> None:
+    def __init__(self, runner: BatchRunner, message: BatchMessage, worker: str) -> None:
         self.runner = runner
         self.message = message
         self.batch_id = uuid.UUID(message.batch_id)
-        self.starting = asyncio.create_task(runner._start(self.batch_id))
-        self._holding = asyncio.create_task(runner._hold_lease(self.batch_id, self.starting))
+        self.worker = worker
+        self.starting = asyncio.create_task(runner._start(self.batch_id, worker))
+        self._holding = asyncio.create_task(
+            runner._hold_lease(self.batch_id, worker, self.starting)
+        )
         self.model_started = runner._clock()
         self.early = _EarlyResults(runner, message, self.starting, self.model_started)
         self.ours = False
@@ -308,8 +308,6 @@ class OpenBatch:
         """Announce the free slot and store the results (``None``: the model did not run)."""
         runner, message = self.runner, self.message
         finished = runner._clock()
-        if output is not None:
-            runner._writing[self.batch_id] = (finished - self.model_started) * 1000.0
         try:
             start = await self.starting
             await self.early.close()
@@ -323,17 +321,16 @@ class OpenBatch:
                     len(start.requeued),
                 )
                 metrics().batches_finished.labels(message.model, "crashed").inc()
-                await runner._announce(message, BatchOutcome.CRASHED)
+                await runner._announce(message, BatchOutcome.CRASHED, self.worker)
                 await runner._republish(message, start)
                 return
             assert output is not None
             annotate(attempt=start.attempt)
-            await runner._announce(message, BatchOutcome.SUCCEEDED)
+            await runner._announce(message, BatchOutcome.SUCCEEDED, self.worker)
             await runner._store_results(
                 message, start, output, self.model_started, finished, self.early.written
             )
         finally:
-            runner._writing.pop(self.batch_id, None)
             self._holding.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):  # start's own error
                 await self._holding  # surfaced above, through ``starting``

@@ -21,6 +21,7 @@ from core.db import create_engine
 from core.domain import BatchMessage
 from core.events import RedisEventBus
 from core.logs import bind
+from core.loops import new_event_loop
 from core.settings import Settings
 from core.store import JobStore
 from models.loader import load_backend
@@ -37,7 +38,7 @@ def worker_id(model: str) -> str:
 class WorkerRuntime:
     def __init__(self, settings: Settings, spec: ModelSpec) -> None:
         assert settings.redis_url and settings.broker_url
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="worker-loop", daemon=True
         )

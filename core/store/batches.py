@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import bindparam, case, func, insert, literal, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from core.db import transaction
+from core.db import autocommit, transaction
 from core.domain import BatchOutcome, ErrorCode, from_epoch
 from core.metrics import metrics
 from core.records import MESSAGE_COLUMNS, row_message
@@ -96,12 +96,7 @@ class BatchVerbs(StoreBase):
         return claimed
 
     async def start_batch(
-        self,
-        batch_id: uuid.UUID,
-        worker: str,
-        now: float,
-        lease_s: float,
-        models_done: Mapping[uuid.UUID, float] | None = None,
+        self, batch_id: uuid.UUID, worker: str, now: float, lease_s: float
     ) -> BatchStart | Reaped | None:
         """Take the batch's lease and learn which members still wait for it.
 
@@ -110,49 +105,53 @@ class BatchVerbs(StoreBase):
         it is reaped as crashed (members requeued in halves) rather than run again whole, and the
         :class:`Reaped` says what to republish.
 
-        ``models_done``: this worker's earlier batches whose model finished (with its time) while
-        their results are still being written; recorded here, at no extra round trip, so that if
-        this batch kills the process they are not taken for its accomplices.
+        The model waits for this, so it touches no row but the batch's own (never waiting for
+        an earlier batch's results write) and, on Postgres, is one statement in autocommit:
+        one round trip. ``worker`` runs one model at a time: that it started this batch is what
+        tells the reaper that its earlier batches' models had finished (see :meth:`reap_batch`).
         """
-        async with transaction(self.engine) as conn:
-            for done_id, model_ms in (models_done or {}).items():
-                await conn.execute(
-                    update(batches_t)
-                    .where(
-                        batches_t.c.id == done_id,
-                        batches_t.c.outcome.is_(None),
-                        batches_t.c.model_ms.is_(None),
+        taken = (
+            update(batches_t)
+            .where(
+                batches_t.c.id == batch_id,
+                batches_t.c.outcome.is_(None),
+                (batches_t.c.attempt == 0) | (batches_t.c.lease_expires_at < from_epoch(now)),
+            )
+            .values(
+                attempt=batches_t.c.attempt + 1,
+                worker=worker,
+                started_at=func.coalesce(batches_t.c.started_at, from_epoch(now)),
+                lease_expires_at=from_epoch(now + lease_s),
+            )
+            .returning(batches_t.c.attempt, batches_t.c.isolation_group)
+        )
+        members = (requests_t.c.batch_id == batch_id, requests_t.c.state == S.RUNNING.value)
+        if self._postgres:
+            # The members are read in the statement's snapshot, taken before the batch row is
+            # locked: a member cancelled in between still runs, and its write is fenced out.
+            started = taken.cte("started")
+            live_ids_query = select(func.array_agg(requests_t.c.id)).where(*members)
+            async with autocommit(self.engine) as conn:
+                row = (
+                    await conn.execute(
+                        select(
+                            started.c.attempt,
+                            started.c.isolation_group,
+                            live_ids_query.scalar_subquery(),
+                        )
                     )
-                    .values(model_ms=model_ms)
-                )
-            row = (
-                await conn.execute(
-                    update(batches_t)
-                    .where(
-                        batches_t.c.id == batch_id,
-                        batches_t.c.outcome.is_(None),
-                        (batches_t.c.attempt == 0)
-                        | (batches_t.c.lease_expires_at < from_epoch(now)),
-                    )
-                    .values(
-                        attempt=batches_t.c.attempt + 1,
-                        worker=worker,
-                        started_at=func.coalesce(batches_t.c.started_at, from_epoch(now)),
-                        lease_expires_at=from_epoch(now + lease_s),
-                    )
-                    .returning(batches_t.c.attempt, batches_t.c.isolation_group)
-                )
-            ).first()
+                ).first()
             if row is None:
                 return None
-            attempt = int(row[0])
-            isolating = row[1] is not None
-            live = await conn.execute(
-                select(requests_t.c.id).where(
-                    requests_t.c.batch_id == batch_id, requests_t.c.state == S.RUNNING.value
-                )
-            )
-            live_ids = frozenset(str(r[0]) for r in live)
+            live_ids = frozenset(str(i) for i in row[2] or ())
+        else:
+            async with transaction(self.engine) as conn:
+                row = (await conn.execute(taken)).first()
+                if row is None:
+                    return None
+                live = await conn.execute(select(requests_t.c.id).where(*members))
+                live_ids = frozenset(str(r[0]) for r in live)
+        attempt, isolating = int(row[0]), row[1] is not None
         if attempt > 1:
             return await self.reap_batch(batch_id, now=now, outcome=BatchOutcome.CRASHED)
         return BatchStart(attempt=attempt, live_ids=live_ids, isolating=isolating)
@@ -268,10 +267,11 @@ class BatchVerbs(StoreBase):
                     .where(batches_t.c.id == batch_id, batches_t.c.outcome.is_(None))
                     .values(
                         # A crashed batch whose model had finished was only taken down while
-                        # writing, by a later batch: its members are no suspects.
+                        # writing, by a later batch: its members are no suspects. A worker runs
+                        # one model at a time, so a later start of its means this one's ended.
                         outcome=case(
                             (
-                                (batches_t.c.model_ms.is_not(None))
+                                (batches_t.c.model_ms.is_not(None) | _worker_started_later())
                                 & (literal(outcome.value) == BatchOutcome.CRASHED.value),
                                 BatchOutcome.ABANDONED.value,
                             ),
@@ -567,3 +567,13 @@ _WRITE_OUTCOMES_PG = text(
     + ") WHERE r.id = v.id AND r.batch_id = :batch_id AND r.state = 'running'"
     " RETURNING r.id, r.state, r.webhook_url IS NOT NULL"
 )
+
+
+def _worker_started_later() -> Any:
+    """For an UPDATE of ``batches``: its worker has started another batch since this one."""
+    later = batches_t.alias("later")
+    return (
+        select(literal(1))
+        .where(later.c.worker == batches_t.c.worker, later.c.started_at > batches_t.c.started_at)
+        .exists()
+    )

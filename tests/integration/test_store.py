@@ -214,6 +214,33 @@ async def test_lone_crasher_is_charged_until_it_fails_as_poison(store: JobStore)
     assert record is not None and record.state is S.FAILED and record.error_code == "poison"
 
 
+async def test_a_batch_its_worker_moved_on_from_is_no_crash_suspect(store: JobStore) -> None:
+    """A worker runs one model at a time: once it started a later batch, an earlier one still
+    open was only being written when the process died. Its members go back whole, uncharged;
+    the later batch's members are the suspects, in halves."""
+    earlier_ids = await submit(store, command("e1"), command("e2"))
+    later_ids = await submit(store, command("l1"), command("l2"))
+    other_ids = await submit(store, command("o1"), command("o2"))
+    earlier = await claim(store, earlier_ids)
+    later = await claim(store, later_ids)
+    other = await claim(store, other_ids)
+    now = time.time()
+    await store.start_batch(earlier, "w1", now, 0.01)
+    await store.start_batch(other, "w2", now + 0.001, 0.01)  # another worker's start proves nothing
+    await store.start_batch(later, "w1", now + 0.002, 0.01)
+    reaped = {
+        batch: await store.reap_batch(batch, now=now + 1, outcome=BatchOutcome.CRASHED)
+        for batch in (earlier, later)
+    }
+    assert {m.group for m in reaped[earlier].requeued} == {None}
+    assert len({m.group for m in reaped[later].requeued}) == 2  # halves
+    other_reaped = await store.reap_batch(other, now=now + 1, outcome=BatchOutcome.CRASHED)
+    assert len({m.group for m in other_reaped.requeued}) == 2
+    for i in earlier_ids:
+        record = await store.get(uuid.UUID(i))
+        assert record is not None and record.state is S.QUEUED
+
+
 async def test_restart_of_a_dead_workers_batch_is_reaped_not_rerun(store: JobStore) -> None:
     ids = await submit(store, command("a"), command("b"))
     batch_id = await claim(store, ids)
