@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import statistics
+import time
 from datetime import datetime
 
 import httpx
@@ -15,6 +16,7 @@ from batching.estimate import FixedBatchTime
 from batching.simulator import Arrival, simulate
 from cli.deployment import Stack
 from cli.loadgen import open_loop, poisson_schedule
+from core.loadboard import RedisLoadBoard
 from models.registry import load_registry
 from tests.conftest import TEST_MODELS
 from tests.support import keys
@@ -80,6 +82,22 @@ async def test_live_mean_batch_matches_the_simulator(
     assert live_mean == pytest.approx(simulated.mean_batch, rel=0.2)
 
 
+async def backlog_published(stack: Stack, model: str, at_least: int) -> None:
+    """Wait until the batcher's published load (what admission reads) shows a live slot and
+    ``at_least`` requests ahead: on a busy machine a fixed pause may end before it does."""
+    board = RedisLoadBoard(stack.env["BATCHSERVE_REDIS_URL"], stack.env["BATCHSERVE_NAMESPACE"])
+    try:
+        for _ in range(100):
+            snapshot = await board.fresh(model, time.time())
+            if snapshot and snapshot.slots and snapshot.ahead_of(bulk=False) >= at_least:
+                await asyncio.sleep(0.2)  # the API's own copy refreshes every 100 ms
+                return
+            await asyncio.sleep(0.05)
+    finally:
+        await board.close()
+    raise AssertionError(f"no fresh load snapshot of {model} with {at_least} requests ahead")
+
+
 async def test_a_hopeless_deadline_is_refused_at_admission(
     stack: Stack, http: httpx.AsyncClient
 ) -> None:
@@ -91,7 +109,7 @@ async def test_a_hopeless_deadline_is_refused_at_admission(
         headers=keys.auth(),
     )
     assert len(backlog.accepted) == 960
-    await asyncio.sleep(0.5)  # the batcher publishes its load every 100 ms
+    await backlog_published(stack, ECHO, at_least=320)
     hopeless = await http.post(
         "/v1/requests", json={"model": ECHO, "input": "now!", "timeout_s": 0.5}
     )
