@@ -271,7 +271,7 @@ class BatchVerbs(StoreBase):
                         # one model at a time, so a later start of its means this one's ended.
                         outcome=case(
                             (
-                                (batches_t.c.model_ms.is_not(None) | _worker_started_later())
+                                _worker_started_later()
                                 & (literal(outcome.value) == BatchOutcome.CRASHED.value),
                                 BatchOutcome.ABANDONED.value,
                             ),
