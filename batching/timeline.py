@@ -60,6 +60,8 @@ class SlotTimeline:
 
     def assign(self, batch_id: uuid.UUID, now: float, run_s: float) -> float:
         """Put a dispatched batch on the slot that frees first; returns its expected end."""
+        if batch_id in self._tails:  # already placed: a second placement would cost a slot
+            return self._tails[batch_id]
         waiting = set(self._next.values())
         running = {b: end for b, end in self._tails.items() if b not in waiting}
         if self.idle > 0:

@@ -16,6 +16,7 @@ API and the load generator on the same cores.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 import time
 from collections import defaultdict
@@ -91,7 +92,7 @@ async def _drain(
             (variant.name,),
         )
     ]
-    figures = drain_figures(rows, variant.max_batch_size, plan.warmup_s)
+    figures = drain_figures(rows, variant.max_batch_size, plan.warmup_s, plan.workers)
     heard = [deployment.clock.heard[i] for i in ids if i in deployment.clock.heard]
     start, end = figures.pop("window")
     announced = sum(start < t <= end for t in heard) / (end - start) if end > start else 0.0
@@ -111,13 +112,13 @@ async def _drain(
     }
 
 
-def drain_figures(rows: list[_BatchRow], max_batch_size: int, warmup_s: float) -> dict[str, Any]:
+def drain_figures(
+    rows: list[_BatchRow], max_batch_size: int, warmup_s: float, slots: int
+) -> dict[str, Any]:
     """Steady drain rate summed over slots, mean batch size and idle gaps, in the window."""
     if not rows:
         return {"drain_rps": 0.0, "mean_batch": 0.0, "batches": 0, "window": (0.0, 0.0)}
-    by_slot: dict[str, list[_BatchRow]] = defaultdict(list)
-    for row in rows:
-        by_slot[row.worker].append(row)
+    by_slot = _lay_on_slots(rows, slots)
     first = min(r.started for r in rows)
     # Steady state ends where the first slot ran out of full batches.
     end = min(
@@ -135,10 +136,13 @@ def drain_figures(rows: list[_BatchRow], max_batch_size: int, warmup_s: float) -
         sizes += [r.size for r in inside]
         for a, b in itertools.pairwise(inside):
             model_start = b.finished - b.model_s
-            gaps["idle_gap"].append(model_start - a.finished)
+            # A standby process may start its model a hair before the last one's end is
+            # read (the end is taken after the gate opens): no overlap, a zero gap.
+            gaps["idle_gap"].append(max(0.0, model_start - a.finished))
             gaps["sent_ahead"].append(a.finished - b.dispatched)
-            gaps["handover"].append(b.started - max(b.dispatched, a.finished))
-            gaps["lease"].append(model_start - b.started)
+            # With standby processes the lease is taken while the previous model runs.
+            gaps["handover"].append(max(0.0, b.started - max(b.dispatched, a.finished)))
+            gaps["lease"].append(max(0.0, model_start - max(b.started, a.finished)))
     return {
         "drain_rps": round(drain_rps, 1),
         "mean_batch": round(sum(sizes) / len(sizes), 2) if sizes else 0.0,
@@ -154,6 +158,18 @@ def drain_figures(rows: list[_BatchRow], max_batch_size: int, warmup_s: float) -
         },
         "window": (begin, end),
     }
+
+
+def _lay_on_slots(rows: list[_BatchRow], slots: int) -> dict[int, list[_BatchRow]]:
+    """The batches each slot ran, in order: every batch, by model start, goes to the slot that
+    freed first. A slot is not a process: with standby processes two of them take turns."""
+    free = [(0.0, n) for n in range(max(1, slots))]
+    by_slot: dict[int, list[_BatchRow]] = defaultdict(list)
+    for row in sorted(rows, key=lambda r: r.finished - r.model_s):
+        _, n = heapq.heappop(free)
+        by_slot[n].append(row)
+        heapq.heappush(free, (row.finished, n))
+    return by_slot
 
 
 def _timeline(finished: list[float], sizes: list[int], bucket_s: float = 0.5) -> list[list[float]]:

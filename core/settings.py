@@ -75,6 +75,14 @@ class Settings(BaseSettings):
     republish_after_s: float = 5.0
     worker_heartbeat_s: float = 0.5
     worker_ttl_s: float = 3.0
+    # A second pool process per slot takes the next batch's lease while the running model is
+    # still busy, so a slot passes from one batch to the next without a hand-over or a lease
+    # round trip (workers/gate.py). It costs a second copy of the model per slot: ``auto``
+    # turns it on for backends that hold no weights (fixed, echo) and off for transformers,
+    # whose batches take long enough that the ~10 ms saved is a small share of each.
+    worker_standby: Literal["auto", "on", "off"] = Field(
+        default="auto", description="A standby pool process per slot"
+    )
 
     # Webhooks. The allowlist exempts hosts (names or CIDRs) from the SSRF guard, for development.
     webhook_allowlist: str = ""

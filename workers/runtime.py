@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import socket
@@ -26,6 +27,7 @@ from core.settings import Settings
 from core.store import JobStore
 from models.loader import load_backend
 from models.registry import ModelSpec
+from workers.gate import SlotGate
 from workers.runner import BatchRunner
 
 log = logging.getLogger("batchserve.worker")
@@ -36,8 +38,9 @@ def worker_id(model: str) -> str:
 
 
 class WorkerRuntime:
-    def __init__(self, settings: Settings, spec: ModelSpec) -> None:
+    def __init__(self, settings: Settings, spec: ModelSpec, gate: SlotGate | None = None) -> None:
         assert settings.redis_url and settings.broker_url
+        self.gate = gate
         self.loop = new_event_loop()
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="worker-loop", daemon=True
@@ -73,7 +76,12 @@ class WorkerRuntime:
                 # A suspect of crashing this process: let the results of the batches before
                 # it land first, so a crash costs no innocent batch its finished work.
                 self.drain()
-            output = batch.run_model() if batch.ours else None
+            output = None
+            if batch.ours:
+                # With standby processes the lease was taken while the slot's other process
+                # still ran its model: wait here for it to finish.
+                with self.gate.running() if self.gate is not None else contextlib.nullcontext():
+                    output = batch.run_model()
             future = asyncio.run_coroutine_threadsafe(batch.conclude(output), self.loop)
         self._pending.add(future)
         future.add_done_callback(self._finished)
@@ -93,11 +101,12 @@ class RuntimeHolder:
 
     settings: Settings | None = None
     spec: ModelSpec | None = None
+    gate: SlotGate | None = None
     runtime: WorkerRuntime | None = None
 
     @classmethod
     def get(cls) -> WorkerRuntime:
         if cls.runtime is None:
             assert cls.settings is not None and cls.spec is not None, "worker not configured"
-            cls.runtime = WorkerRuntime(cls.settings, cls.spec)
+            cls.runtime = WorkerRuntime(cls.settings, cls.spec, cls.gate)
         return cls.runtime

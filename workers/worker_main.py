@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from core.settings import Settings
 from core.slots import SlotRegistration
 from models.registry import ModelSpec
 from workers.celery_app import RUN_BATCH_TASK, batches_queue_name, create_celery
+from workers.gate import SlotGate
 from workers.runtime import RuntimeHolder
 
 log = logging.getLogger("batchserve.worker")
@@ -71,6 +74,12 @@ def _serve_pool_metrics(settings: Settings) -> Path | None:
     return directory
 
 
+def standby_enabled(settings: Settings, spec: ModelSpec) -> bool:
+    if settings.worker_standby == "auto":
+        return spec.backend != "transformers"
+    return settings.worker_standby == "on"
+
+
 def run_worker(settings: Settings, spec: ModelSpec, *, slots: int, loglevel: str = "INFO") -> None:
     if spec.backend == "transformers":
         # Convert the weights once, here, before the pool forks: every slot then loads the cache.
@@ -82,6 +91,11 @@ def run_worker(settings: Settings, spec: ModelSpec, *, slots: int, loglevel: str
     app.task(name=RUN_BATCH_TASK, acks_late=True)(_run_batch)
     RuntimeHolder.settings = settings
     RuntimeHolder.spec = spec
+    # The batcher sees ``slots``; with standby processes the pool has twice as many, and the
+    # gate lets ``slots`` of them run a model at once.
+    standby = standby_enabled(settings, spec)
+    gate_dir = Path(tempfile.mkdtemp(prefix="batchserve-gate-")) if standby else None
+    RuntimeHolder.gate = SlotGate.create(gate_dir, slots) if gate_dir is not None else None
     heartbeat = _Heartbeat(settings, spec, slots)
 
     @signals.worker_process_init.connect(weak=False)
@@ -92,7 +106,7 @@ def run_worker(settings: Settings, spec: ModelSpec, *, slots: int, loglevel: str
     @signals.worker_ready.connect(weak=False)
     def _ready(**_: Any) -> None:
         heartbeat.start()
-        log.info("worker_ready model=%s slots=%d", spec.name, slots)
+        log.info("worker_ready model=%s slots=%d standby=%s", spec.name, slots, standby)
 
     @signals.worker_process_shutdown.connect(weak=False)
     def _drain_process(**_: Any) -> None:
@@ -112,11 +126,13 @@ def run_worker(settings: Settings, spec: ModelSpec, *, slots: int, loglevel: str
         heartbeat.stop()
         if metrics_dir is not None:
             remove_multiprocess_dir(metrics_dir)
+        if gate_dir is not None:
+            shutil.rmtree(gate_dir, ignore_errors=True)
 
     worker = app.Worker(
         hostname=f"{spec.name}@{socket.gethostname()}.{os.getpid()}",
         queues=[batches_queue_name(settings, spec.name)],
-        concurrency=slots,
+        concurrency=2 * slots if standby else slots,
         pool="prefork",
         loglevel=loglevel,
         without_gossip=True,

@@ -63,13 +63,15 @@ async def submit_many(
 
 
 def wait_for_running_batch(stack: Stack, model: str, timeout_s: float = 30.0) -> str:
-    """The id of a batch of ``model`` a worker has started and not finished."""
+    """The id of a batch of ``model`` a worker has started and not finished: the one leased
+    first (a standby process may hold the next one's lease, waiting for the slot)."""
     give_up = time.monotonic() + timeout_s
     while time.monotonic() < give_up:
         rows = db_rows(
             stack,
             "SELECT id FROM batches"
-            " WHERE model = :m AND started_at IS NOT NULL AND outcome IS NULL",
+            " WHERE model = :m AND started_at IS NOT NULL AND outcome IS NULL"
+            " ORDER BY started_at LIMIT 1",
             m=model,
         )
         if rows:

@@ -110,10 +110,25 @@ def test_drain_is_measured_per_slot_between_warm_up_and_the_last_full_batch() ->
         for t in [0.1 * (k + 1) for k in range(30)]
     ]
     rows.append(_BatchRow("w0", 8, 3.0, 3.0, 3.1, 0.1))
-    figures = drain_figures(sorted(rows, key=lambda r: r.finished), 16, warmup_s=0.5)
+    figures = drain_figures(sorted(rows, key=lambda r: r.finished), 16, 0.5, slots=2)
     assert figures["drain_rps"] == pytest.approx(320.0)
     assert figures["mean_batch"] == 16 and figures["slots"] == 2
     assert figures["idle_gap_p50_ms"] == pytest.approx(0.0, abs=1e-6)
     assert figures["sent_ahead_p50_ms"] == pytest.approx(50.0)
     begin, end = figures["window"]
     assert begin == pytest.approx(0.5) and end == pytest.approx(3.0)
+
+
+def test_drain_lays_standby_processes_taking_turns_on_their_slot() -> None:
+    # One slot, two processes: each leases its batch 40 ms before the other's model ends and
+    # starts its model 1 ms after it.
+    rows = [
+        _BatchRow(f"p{k % 2}", 16, t - 0.101 - 0.05, t - 0.101 - 0.04, t, 0.1)
+        for k, t in enumerate(0.101 * (k + 1) for k in range(30))
+    ]
+    figures = drain_figures(rows, 16, 0.5, slots=1)
+    assert figures["slots"] == 1
+    assert figures["drain_rps"] == pytest.approx(16 / 0.101, abs=0.1)
+    assert figures["idle_gap_p50_ms"] == pytest.approx(1.0)
+    assert figures["handover_p50_ms"] == pytest.approx(0.0)
+    assert figures["lease_p50_ms"] == pytest.approx(1.0)

@@ -71,3 +71,18 @@ def test_a_batch_overrunning_its_estimate_never_gets_two_queued_behind_it() -> N
     assert timeline.free_slots(0.5) == 0  # a overran; b's estimated end passed: still no slot
     timeline.release(a, 0.6, next_run_s=0.1)
     assert timeline.free_slots(0.69) == 1  # b now runs and is due to end at 0.7
+
+
+def test_a_batch_placed_twice_keeps_one_slot() -> None:
+    # Reconciling can find a batch open in Postgres before its own dispatch has placed it:
+    # placing it again must not queue it behind the other slot too, leaving one slot in use.
+    timeline = SlotTimeline(lead_s=0.02)
+    timeline.resize(2)
+    a, b, c = ids(3)
+    timeline.assign(a, 0.0, 0.1)
+    timeline.assign(b, 0.05, 0.1)
+    end = timeline.assign(c, 0.085, 0.1)  # behind a
+    assert timeline.assign(c, 0.086, 0.1) == end
+    assert timeline.release(a, 0.1, next_run_s=0.1)
+    assert timeline.release(b, 0.15)
+    assert timeline.free_slots(0.15) == 1  # b's slot is idle

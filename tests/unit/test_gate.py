@@ -1,0 +1,75 @@
+"""The standby gate: at most ``slots`` processes past it, and a dead holder frees its slot."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from workers.gate import SlotGate
+
+ctx = multiprocessing.get_context("fork")
+
+
+def _hold(gate: SlotGate, entered: Any, leave: Any, log: Any, name: str) -> None:
+    with gate.running() as slot:
+        log.put((name, "in", slot))
+        entered.set()
+        leave.wait(10)
+        log.put((name, "out", slot))
+
+
+def _spawn(gate: SlotGate, name: str, log: Any) -> tuple[Any, Any, Any]:
+    entered, leave = ctx.Event(), ctx.Event()
+    process = ctx.Process(target=_hold, args=(gate, entered, leave, log, name), daemon=True)
+    process.start()
+    return process, entered, leave
+
+
+def test_one_slot_lets_the_waiting_process_in_when_the_running_one_leaves(
+    tmp_path: Path,
+) -> None:
+    gate, log = SlotGate.create(tmp_path, 1), ctx.Queue()
+    first, first_in, first_leave = _spawn(gate, "a", log)
+    assert first_in.wait(5)
+    second, second_in, second_leave = _spawn(gate, "b", log)
+    assert not second_in.wait(0.3)  # the slot is taken
+    first_leave.set()
+    assert second_in.wait(5)
+    second_leave.set()
+    for process in (first, second):
+        process.join(5)
+    events = [log.get(timeout=1) for _ in range(4)]
+    assert events == [("a", "in", 0), ("a", "out", 0), ("b", "in", 0), ("b", "out", 0)]
+
+
+def test_a_process_that_dies_holding_its_slot_frees_it(tmp_path: Path) -> None:
+    gate, log = SlotGate.create(tmp_path, 1), ctx.Queue()
+    doomed, doomed_in, _ = _spawn(gate, "doomed", log)
+    assert doomed_in.wait(5)
+    waiter, waiter_in, waiter_leave = _spawn(gate, "waiter", log)
+    assert not waiter_in.wait(0.3)
+    assert doomed.pid is not None
+    os.kill(doomed.pid, signal.SIGKILL)  # a batch that kills its process
+    assert waiter_in.wait(5)
+    waiter_leave.set()
+    waiter.join(5)
+
+
+def test_several_slots_admit_that_many_processes_at_once(tmp_path: Path) -> None:
+    gate, log = SlotGate.create(tmp_path, 2), ctx.Queue()
+    holders = [_spawn(gate, name, log) for name in ("a", "b", "c", "d")]
+    inside = [h for h in holders if h[1].wait(0.5)]
+    assert len(inside) == 2  # the other two wait
+    slots = {log.get(timeout=1)[2] for _ in range(2)}
+    assert slots == {0, 1}
+    inside[0][2].set()  # one leaves: exactly one of the waiters gets its slot
+    entered = [h for h in holders if h not in inside and h[1].wait(2)]
+    assert len(entered) == 1
+    for _, _, leave in holders:
+        leave.set()
+    for process, _, _ in holders:
+        process.join(5)
+        assert process.exitcode == 0

@@ -1,0 +1,104 @@
+"""Standby pool processes: two processes per slot, at most one of them running its model.
+
+A Celery prefork child only gets its next task once the current one has returned, and its
+lease is a database round trip; on a slot that one process serves, both sit between one
+batch's model end and the next one's start (about 10 ms, a tenth of a 100 ms batch). With
+a second process per slot, the batch the batcher sends just before the running one ends goes
+to the idle process, which takes its lease at once and then waits here, at the slot's gate,
+for the running model to finish: the hand-over is a lock passing between two processes.
+
+The gate is a set of ``flock`` locks on files in a directory of the worker's own, one per
+slot. A process that dies holding one (a batch that kills its process) releases it with its
+last file descriptor, so a crash never wedges a slot. The files are opened in each process
+after the fork: ``flock`` locks belong to an open file description, which a fork would share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+POLL_S = 0.0005
+
+
+class SlotGate:
+    """At most ``slots`` models run at once among the processes that share ``directory``."""
+
+    def __init__(self, directory: Path, slots: int) -> None:
+        if slots < 1:
+            raise ValueError("a gate needs at least one slot")
+        self.directory = Path(directory)
+        self.slots = slots
+        self._fds: list[int] | None = None  # opened lazily, in the process that waits
+        self._queue_fd: int | None = None
+
+    @classmethod
+    def create(cls, directory: Path, slots: int) -> SlotGate:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        for path in [cls._slot_path(directory, n) for n in range(slots)] + [directory / "queue"]:
+            path.touch(exist_ok=True)
+        return cls(directory, slots)
+
+    @staticmethod
+    def _slot_path(directory: Path, n: int) -> Path:
+        return directory / f"slot-{n}"
+
+    def _open(self) -> list[int]:
+        if self._fds is None:
+            self._fds = [
+                os.open(self._slot_path(self.directory, n), os.O_RDWR) for n in range(self.slots)
+            ]
+            self._queue_fd = os.open(self.directory / "queue", os.O_RDWR)
+        return self._fds
+
+    def acquire(self) -> int:
+        """Block until a slot is free and hold it; returns its number."""
+        fds = self._open()
+        if len(fds) == 1:
+            fcntl.flock(fds[0], fcntl.LOCK_EX)  # the kernel wakes the waiter at the release
+            return 0
+        # Several slots: one waiter at a time polls them (the others queue on a lock), so a
+        # freed slot goes to the process that has waited longest, and only one process polls.
+        assert self._queue_fd is not None
+        fcntl.flock(self._queue_fd, fcntl.LOCK_EX)
+        try:
+            while True:
+                for n, fd in enumerate(fds):
+                    if _try_lock(fd):
+                        return n
+                time.sleep(POLL_S)
+        finally:
+            fcntl.flock(self._queue_fd, fcntl.LOCK_UN)
+
+    def release(self, slot: int) -> None:
+        fcntl.flock(self._open()[slot], fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[int]:
+        slot = self.acquire()
+        try:
+            yield slot
+        finally:
+            self.release(slot)
+
+    def close(self) -> None:
+        for fd in [*(self._fds or ()), *([self._queue_fd] if self._queue_fd is not None else [])]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds, self._queue_fd = None, None
+
+
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return False
+        raise
+    return True
