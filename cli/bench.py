@@ -33,7 +33,10 @@ def bench(
     workers: Annotated[int, typer.Option(help="W: worker slots")] = 2,
     batch: Annotated[int, typer.Option(help="B: max batch size of the batched variants")] = 16,
     variants: Annotated[
-        str, typer.Option(help="Variants compared (saturation, overhead): adaptive,timer,nobatch")
+        str,
+        typer.Option(
+            help="Variants compared (saturation, overhead): adaptive,timer,nobatch,nostandby"
+        ),
     ] = "adaptive,timer,nobatch",
     timer_delay_ms: Annotated[float, typer.Option(help="The timer variant's delay")] = 10.0,
     duration: Annotated[

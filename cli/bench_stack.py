@@ -53,6 +53,7 @@ class Variant:
     max_batch_size: int
     policy: str = "adaptive"
     max_batch_delay_ms: float | None = None
+    standby: str = "auto"  # the worker's standby processes (workers/gate.py)
 
     def ideal_rps(self, workers: int) -> float:
         return workers * self.max_batch_size * 1000.0 / BATCH_TIME_MS
@@ -86,6 +87,7 @@ def variants(batch: int, timer_delay_ms: float, wide_batch: int = 128) -> dict[s
         "adaptive": Variant("bench-adaptive", "adaptive", batch),
         "timer": Variant("bench-timer", "timer", batch, "timer", timer_delay_ms),
         "nobatch": Variant("bench-nobatch", "nobatch", 1),
+        "nostandby": Variant("bench-nostandby", "nostandby", batch, standby="off"),
         "wide": Variant("bench-wide", "wide", wide_batch),
     }
 
@@ -222,7 +224,12 @@ class BenchDeployment:
         self.stack.start(f"batcher:{variant.label}", "batcher", "--model", variant.name)
         self._profile(f"batcher:{variant.label}")
         name = f"worker:{variant.label}"
-        self.stack.start(name, "worker", "--model", variant.name, "--slots", str(self.workers))
+        self.stack.start(
+            name,
+            "worker",
+            *("--model", variant.name, "--slots", str(self.workers)),
+            *("--standby", variant.standby),
+        )
         self.stack.wait_slots(variant.name, self.workers)
         self._profile(name)
 

@@ -83,12 +83,21 @@ def batcher(
 def worker(
     model: Annotated[str, typer.Option(help="The model this worker serves")],
     slots: Annotated[int | None, typer.Option(help="Batches run at once (processes)")] = None,
+    standby: Annotated[
+        str | None,
+        typer.Option(help="A standby process per slot: auto, on, off (BATCHSERVE_WORKER_STANDBY)"),
+    ] = None,
 ) -> None:
     """A Celery worker for one model; each slot runs one batch at a time."""
     from models.registry import load_registry
     from workers.worker_main import run_worker
 
     settings = _settings("worker")
+    if standby is not None:
+        if standby not in ("auto", "on", "off"):
+            typer.echo("batchserve: --standby is auto, on or off", err=True)
+            raise typer.Exit(2)
+        settings = settings.model_copy(update={"worker_standby": standby})
     spec = load_registry(settings.models).get(model)
     if spec is None:
         typer.echo(f"batchserve: unknown model {model!r}", err=True)

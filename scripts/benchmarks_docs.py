@@ -32,7 +32,11 @@ LOCAL = {
 SETTLE_S = 10.0
 # name, bench arguments, plot (or None)
 RUNS: list[tuple[str, list[str], str | None]] = [
-    ("saturation", ["--scenario", "saturation"], "bench-saturation.png"),
+    (
+        "saturation",
+        ["--scenario", "saturation", "--variants", "adaptive,timer,nobatch,nostandby"],
+        "bench-saturation.png",
+    ),
     ("overhead", ["--scenario", "overhead"], None),
     (
         "latency",
