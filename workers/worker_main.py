@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from celery import bootsteps, signals
+from celery import signals
 
 from core.metrics import (
     enable_multiprocess,
@@ -63,36 +63,6 @@ class _Heartbeat:
         self._registration.withdraw()
 
 
-class PoolTick(bootsteps.StartStopStep):
-    """Wake the worker's event loop every few milliseconds.
-
-    The prefork pool writes a task to an idle child when its event loop turns; with nothing
-    else to wake it (no timer due, no socket ready), kombu's hub sleeps up to a second in
-    ``poll``, and a task that arrived while the children were busy can wait that long after
-    one frees (seen as a batch leased ~1 s after dispatch, every few runs). A repeating no-op
-    timer bounds that wait at ``TICK_S``.
-    """
-
-    requires = ("celery.worker.components:Hub",)
-    TICK_S = 0.005
-
-    def __init__(self, parent: Any, **kwargs: Any) -> None:
-        super().__init__(parent, **kwargs)
-        self._entry: Any = None
-
-    def start(self, parent: Any) -> None:
-        if parent.hub is not None:
-            self._entry = parent.hub.call_repeatedly(self.TICK_S, _noop)
-
-    def stop(self, parent: Any) -> None:
-        if self._entry is not None:
-            self._entry.cancel()
-
-
-def _noop() -> None:
-    pass
-
-
 def _serve_pool_metrics(settings: Settings) -> Path | None:
     """The pool's batches run in child processes: they write their metrics to files in a
     directory of this worker's, and this process serves them merged."""
@@ -119,7 +89,6 @@ def run_worker(settings: Settings, spec: ModelSpec, *, slots: int, loglevel: str
     metrics_dir = _serve_pool_metrics(settings)
     app = create_celery(settings, [spec.name])
     app.task(name=RUN_BATCH_TASK, acks_late=True)(_run_batch)
-    app.steps["worker"].add(PoolTick)
     RuntimeHolder.settings = settings
     RuntimeHolder.spec = spec
     # The batcher sees ``slots``; with standby processes the pool has twice as many, and the
