@@ -3,6 +3,11 @@
 Each model has two durable quorum queues, ``requests.<model>`` (interactive) and
 ``requests.<model>.bulk``, with a single active consumer each: the active batcher. Messages carry
 request ids and the few fields the batcher decides on; Postgres holds everything else.
+
+An interactive message carries one request. A bulk message carries a pack of up to
+:data:`BULK_PACK` requests (a job's lines are published thousands at a time, and a confirmed
+message each was most of a job's ingest time); the batcher holds a pack's requests one by one
+and the pack is acked once every one of them is settled.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import aio_pika
@@ -27,6 +32,10 @@ from core.domain import Lane, QueueMessage
 from core.errors import Unavailable
 
 log = logging.getLogger("batchserve.broker")
+
+# Requests a bulk message carries at most. The batcher's bulk prefetch is counted in requests
+# and turned into packs, so a pack should be small against it (a quarter of 256 by default).
+BULK_PACK = 64
 
 QUEUE_ARGUMENTS: dict[str, Any] = {
     "x-queue-type": "quorum",
@@ -147,6 +156,34 @@ class _RabbitDelivery(Delivery):
             log.debug("release_failed error=%r (the channel's end returns it)", error)
 
 
+class _PackDelivery(Delivery):
+    """A delivery that carries several requests: acked when the last of them is settled,
+    released (all of it) at the first release."""
+
+    __slots__ = ("_inner", "_left", "redelivered")
+
+    def __init__(self, inner: _RabbitDelivery, members: int) -> None:
+        self._inner = inner
+        self._left = members
+        self.redelivered = inner.redelivered
+
+    async def ack(self) -> None:
+        self._left -= 1
+        if self._left == 0:
+            await self._inner.ack()
+
+    async def release(self) -> None:
+        # Members already settled come back too: their claim finds them no longer queued.
+        if self._left > 0:
+            self._left = 0
+            await self._inner.release()
+
+
+def pack_prefetch(lane: Lane, prefetch: int) -> int:
+    """The channel prefetch, in messages, that holds about ``prefetch`` requests."""
+    return prefetch if lane is Lane.INTERACTIVE else max(1, -(-prefetch // BULK_PACK))
+
+
 class RabbitRequestQueue(RequestQueue):
     def __init__(self, url: str, prefix: str, *, publish_timeout_s: float = 5.0) -> None:
         self._url = url
@@ -203,14 +240,14 @@ class RabbitRequestQueue(RequestQueue):
                     *(
                         exchange.publish(
                             aio_pika.Message(
-                                m.encode(),
+                                body,
                                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
                                 content_type="application/json",
-                                message_id=m.id,
+                                message_id=first_id,
                             ),
-                            routing_key=requests_queue_name(self._prefix, m.model, m.lane),
+                            routing_key=routing_key,
                         )
-                        for m in messages
+                        for routing_key, first_id, body in self._bodies(messages)
                     )
                 ),
                 timeout=self._publish_timeout_s,
@@ -221,21 +258,42 @@ class RabbitRequestQueue(RequestQueue):
             self._publish_channel = None
             raise Unavailable(f"broker publish failed: {error!r}", component="broker") from error
 
+    def _bodies(self, messages: Sequence[QueueMessage]) -> Iterator[tuple[str, str, bytes]]:
+        """(routing key, first request id, body) of each AMQP message: one per interactive
+        request, one per pack of up to ``BULK_PACK`` bulk requests of the same queue."""
+        packs: dict[str, list[QueueMessage]] = {}
+        for m in messages:
+            name = requests_queue_name(self._prefix, m.model, m.lane)
+            if m.lane is Lane.INTERACTIVE:
+                yield name, m.id, m.encode()
+            else:
+                packs.setdefault(name, []).append(m)
+        for name, members in packs.items():
+            for first in range(0, len(members), BULK_PACK):
+                pack = members[first : first + BULK_PACK]
+                yield name, pack[0].id, QueueMessage.encode_pack(pack)
+
     async def consume(self, model: str, lane: Lane, handler: Handler, prefetch: int) -> None:
+        """``prefetch``: about how many requests this consumer holds unsettled at most."""
         connection = await self._connect()
         channel = await connection.channel()
-        await channel.set_qos(prefetch_count=prefetch)
+        await channel.set_qos(prefetch_count=pack_prefetch(lane, prefetch))
         name = requests_queue_name(self._prefix, model, lane)
         queue = await channel.declare_queue(name, durable=True, arguments=QUEUE_ARGUMENTS)
 
         async def on_message(incoming: AbstractIncomingMessage) -> None:
             try:
-                message = QueueMessage.decode(incoming.body)
+                messages = QueueMessage.decode_any(incoming.body)
+                if not messages:
+                    raise ValueError("an empty pack")
             except (ValueError, KeyError, TypeError):
                 log.error("malformed_request_message queue=%s body=%r", name, incoming.body[:200])
                 await incoming.reject(requeue=False)
                 return
-            await handler(message, _RabbitDelivery(incoming))
+            single = _RabbitDelivery(incoming)
+            delivery = single if len(messages) == 1 else _PackDelivery(single, len(messages))
+            for message in messages:
+                await handler(message, delivery)
 
         tag = await queue.consume(on_message)
         self._consumers.setdefault(model, []).append((queue, tag))
@@ -252,7 +310,9 @@ class RabbitRequestQueue(RequestQueue):
             channel = await self._channel()
             name = requests_queue_name(self._prefix, model, lane)
             queue = await channel.declare_queue(name, durable=True, arguments=QUEUE_ARGUMENTS)
-            return int(queue.declaration_result.message_count or 0)
+            messages = int(queue.declaration_result.message_count or 0)
+            # Bulk messages are packs: count them full (an upper bound; most are).
+            return messages if lane is Lane.INTERACTIVE else messages * BULK_PACK
         except (Unavailable, AMQPError, OSError, RuntimeError):
             return None
 

@@ -161,6 +161,7 @@ class IngestClaim:
     input_file_id: uuid.UUID
     ingested_lines: int
     expires_at: datetime
+    published_lines: int = 0  # confirmed on the broker; up to ingested_lines, publish again
 
 
 @dataclass(frozen=True, slots=True)

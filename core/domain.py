@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -104,24 +105,21 @@ class QueueMessage:
     max_tokens: int
     group: str | None = None
 
-    def encode(self) -> bytes:
-        return orjson.dumps(
-            {
-                "id": self.id,
-                "model": self.model,
-                "lane": self.lane.value,
-                "tenant": self.tenant,
-                "created_at": self.created_at,
-                "deadline": self.deadline,
-                "prompt_tokens": self.prompt_tokens,
-                "max_tokens": self.max_tokens,
-                "group": self.group,
-            }
-        )
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "model": self.model,
+            "lane": self.lane.value,
+            "tenant": self.tenant,
+            "created_at": self.created_at,
+            "deadline": self.deadline,
+            "prompt_tokens": self.prompt_tokens,
+            "max_tokens": self.max_tokens,
+            "group": self.group,
+        }
 
     @classmethod
-    def decode(cls, body: bytes) -> QueueMessage:
-        data = orjson.loads(body)
+    def from_dict(cls, data: dict[str, Any]) -> QueueMessage:
         return cls(
             id=data["id"],
             model=data["model"],
@@ -133,6 +131,26 @@ class QueueMessage:
             max_tokens=int(data["max_tokens"]),
             group=data.get("group"),
         )
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self.as_dict())
+
+    @classmethod
+    def decode(cls, body: bytes) -> QueueMessage:
+        return cls.from_dict(orjson.loads(body))
+
+    @staticmethod
+    def encode_pack(messages: Sequence[QueueMessage]) -> bytes:
+        """Several requests in one body (a JSON array): how the bulk lane travels."""
+        return orjson.dumps([m.as_dict() for m in messages])
+
+    @classmethod
+    def decode_any(cls, body: bytes) -> list[QueueMessage]:
+        """The requests in a body, whether it holds one (an object) or a pack (an array)."""
+        data = orjson.loads(body)
+        if isinstance(data, list):
+            return [cls.from_dict(item) for item in data]
+        return [cls.from_dict(data)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -299,7 +299,9 @@ class BatchJob(Base):
 
     ``total``, ``completed`` and ``failed`` are frozen when the job ends; until then they are
     counted from its requests. Ingest is leased (``lease_token``), and ``ingested_lines`` says how
-    far it got, so a driver that dies mid-ingest is taken over where it stopped.
+    far it got, so a driver that dies mid-ingest is taken over where it stopped;
+    ``published_lines``, how many of those are confirmed on the broker (the rest are published
+    again by whoever takes over).
     """
 
     __tablename__ = "batch_jobs"
@@ -320,6 +322,7 @@ class BatchJob(Base):
     completed: Mapped[int] = mapped_column(Integer, default=0)
     failed: Mapped[int] = mapped_column(Integer, default=0)
     ingested_lines: Mapped[int] = mapped_column(Integer, default=0)
+    published_lines: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lease_token: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     lease_expires_at: Mapped[datetime | None] = _ts()
     created_at: Mapped[datetime] = _ts(nullable=False)

@@ -4,7 +4,8 @@ Two loops, run by ``batchserve maintenance`` (and the embedded mode):
 
 - **ingest**: lease a validating job, validate its file (refusing it whole, with line numbers,
   on any bad line), then persist its requests a chunk at a time (``COPY`` on Postgres) and
-  publish each chunk to the model's ``bulk`` queue in one confirmed round; then ``in_progress``.
+  publish each chunk to the model's ``bulk`` queue (packs of requests, one confirmed round);
+  then ``in_progress``.
   A driver that dies mid-ingest leaves its lease to run out; the next resumes where it stopped.
 - **settle**: a job whose requests are all finished goes ``finalizing`` and then ``completed``
   with its output files; one past ``expires_at`` has its unfinished requests expired
@@ -37,7 +38,6 @@ from models.registry import Registry
 log = logging.getLogger("batchserve.jobs")
 
 J = JobStatus
-PUBLISH_CHUNK = 1000  # messages per confirmed publish round
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +116,11 @@ class JobDriver:
                 await self._store.fail_job(claim, [over], self._clock())
                 log.info("job_refused job_id=%s reason=max_bulk_in_flight", claim.job_id)
                 return
+        if claim.published_lines < claim.ingested_lines:
+            # Committed by a driver that stopped before the broker confirmed them.
+            unconfirmed = commands[claim.published_lines : claim.ingested_lines]
+            if not await self._publish(claim, unconfirmed, claim.ingested_lines):
+                return
         at = claim.ingested_lines
         while at < len(commands):
             chunk = commands[at : at + self.config.ingest_chunk]
@@ -151,23 +156,28 @@ class JobDriver:
         )
 
     async def _persist(self, claim: IngestClaim, chunk: Sequence[SubmitCommand], at: int) -> bool:
-        """Commit one chunk, then publish it; False when the claim no longer holds the job."""
+        """Commit one chunk, then publish it; False when the claim no longer holds the job or
+        the broker did not confirm (the job's lease then runs out, and the next driver
+        publishes the chunk again)."""
         now = self._clock()
         stamped = [dataclasses.replace(c, created_at=from_epoch(now)) for c in chunk]
         if not await self._store.ingest_chunk(
             claim, stamped, start=at, now=now, lease_s=self.config.lease_s
         ):
             return False
-        for first in range(0, len(stamped), PUBLISH_CHUNK):
-            part = stamped[first : first + PUBLISH_CHUNK]
-            try:
-                await self._queue.publish([command_message(c) for c in part])
-            except Unavailable as error:
-                # Committed: maintenance republishes what was never confirmed.
-                log.warning("job_publish_failed job_id=%s error=%s", claim.job_id, error)
-                return True
-            await self._store.mark_published([str(c.id) for c in part])
-        return True
+        return await self._publish(claim, stamped, at + len(stamped))
+
+    async def _publish(
+        self, claim: IngestClaim, commands: Sequence[SubmitCommand], through: int
+    ) -> bool:
+        """Publish committed requests (packs of them, one confirmed round) and record that the
+        job's lines up to ``through`` are on the broker."""
+        try:
+            await self._queue.publish([command_message(c) for c in commands])
+        except Unavailable as error:
+            log.warning("job_publish_failed job_id=%s error=%s", claim.job_id, error)
+            return False
+        return await self._store.published_through(claim, through, self._clock())
 
     # -- settle ------------------------------------------------------------------------------
 

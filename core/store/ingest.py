@@ -3,10 +3,12 @@ then start it (or fail it, when its file is refused).
 
 A chunk is written in one transaction with the job's ``ingested_lines`` advanced from where
 the writer believes it stands, under its lease token: a driver that died mid-ingest leaves its
-lease to run out and the next one resumes at the first line not committed. Request ids are
-derived from (job, line), and inserts skip ids that exist, so even a chunk written twice
-persists each line once. On Postgres the rows go in by ``COPY`` (into a session temp table,
-then one ``INSERT ... ON CONFLICT DO NOTHING``); on SQLite by multi-row inserts.
+lease to run out and the next one resumes at the first line not committed. Its rows are written
+already marked published, and once the broker has confirmed them the job's ``published_lines``
+follows (one row instead of a chunk's): the next driver republishes the lines in between.
+Request ids are derived from (job, line), and inserts skip ids that exist, so even a chunk
+written twice persists each line once. On Postgres the rows go in by ``COPY`` (into a session
+temp table, then one ``INSERT ... ON CONFLICT DO NOTHING``); on SQLite by multi-row inserts.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class IngestVerbs(StoreBase):
                             jobs_t.c.endpoint,
                             jobs_t.c.input_file_id,
                             jobs_t.c.ingested_lines,
+                            jobs_t.c.published_lines,
                             jobs_t.c.expires_at,
                         )
                     )
@@ -81,6 +84,7 @@ class IngestVerbs(StoreBase):
             input_file_id=row["input_file_id"],
             ingested_lines=int(row["ingested_lines"]),
             expires_at=expires_at,
+            published_lines=int(row["published_lines"]),
         )
 
     async def ingest_chunk(
@@ -108,12 +112,23 @@ class IngestVerbs(StoreBase):
             )
             if not advanced.rowcount:
                 return False
-            rows = [command_row(c) for c in commands]
+            published_at = from_epoch(now)  # made true by published_through, or redone
+            rows = [{**command_row(c), "published_at": published_at} for c in commands]
             if self._postgres:
                 await _copy_requests(conn, rows)
             else:
                 await _insert_requests_sqlite(conn, rows)
         return True
+
+    async def published_through(self, claim: IngestClaim, lines: int, now: float) -> bool:
+        """The broker confirmed the job's requests up to line ``lines`` (0-based, exclusive)."""
+        async with transaction(self.engine) as conn:
+            changed = await conn.execute(
+                _held(claim, now)
+                .where(jobs_t.c.published_lines < lines, jobs_t.c.ingested_lines >= lines)
+                .values(published_lines=lines)
+            )
+        return bool(changed.rowcount)
 
     async def start_job(
         self, claim: IngestClaim, *, total: int, model: str | None, now: float
@@ -122,7 +137,7 @@ class IngestVerbs(StoreBase):
         async with transaction(self.engine) as conn:
             changed = await conn.execute(
                 _held(claim, now)
-                .where(jobs_t.c.ingested_lines == total)
+                .where(jobs_t.c.ingested_lines == total, jobs_t.c.published_lines == total)
                 .values(
                     status=J.IN_PROGRESS.value,
                     in_progress_at=from_epoch(now),

@@ -46,6 +46,7 @@ class JobVerbs(StoreBase):
                     completed=0,
                     failed=0,
                     ingested_lines=0,
+                    published_lines=0,
                     created_at=job.created_at,
                     expires_at=job.expires_at,
                 )

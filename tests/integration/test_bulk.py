@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
@@ -16,8 +16,11 @@ from fastapi import FastAPI
 
 from api.batch_input import ValidatedFile, validate_file
 from api.main import create_app
+from core.broker import Handler, RequestQueue
 from core.bulk import JOB_PREFIX, parse_public_id
-from core.domain import ItemResult, Timings, from_epoch
+from core.domain import ItemResult, Lane, QueueMessage, Timings, from_epoch
+from core.errors import Unavailable
+from core.ids import job_request_id
 from core.settings import Settings
 from core.store import ItemOutcome, JobStore
 from tests.support import keys
@@ -53,11 +56,31 @@ async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
         yield http
 
 
-def driver_of(app: FastAPI, chunk: int = 5000) -> JobDriver:
+class RecordingQueue(RequestQueue):
+    """The app's real request queue, with a record of what was confirmed on it; ``refuse``
+    publishes make it answer as a broker that is down would."""
+
+    def __init__(self, inner: RequestQueue, refuse: int = 0) -> None:
+        self.inner = inner
+        self.refuse = refuse
+        self.published: list[str] = []
+
+    async def publish(self, messages: Sequence[QueueMessage]) -> None:
+        if self.refuse > 0:
+            self.refuse -= 1
+            raise Unavailable("broker publish failed: refused by the test", component="broker")
+        await self.inner.publish(messages)
+        self.published.extend(m.id for m in messages)
+
+    async def consume(self, model: str, lane: Lane, handler: Handler, prefetch: int) -> None:
+        await self.inner.consume(model, lane, handler, prefetch)
+
+
+def driver_of(app: FastAPI, chunk: int = 5000, queue: RequestQueue | None = None) -> JobDriver:
     adapters = app.state.services.adapters
     return JobDriver(
         store=adapters.store,
-        queue=adapters.queue,
+        queue=queue or adapters.queue,
         registry=adapters.registry,
         settings=adapters.settings,
         config=JobDriverConfig(ingest_chunk=chunk),
@@ -268,7 +291,8 @@ async def test_ingest_that_died_halfway_resumes_without_duplicates(
 ) -> None:
     created = await create_batch(client, jsonl([chat_line(f"r{i}", f"t{i}") for i in range(10)]))
     store = store_of(app)
-    first = driver_of(app, chunk=4)
+    queue = RecordingQueue(app.state.services.adapters.queue)
+    first = driver_of(app, chunk=4, queue=queue)
     claim = await store.claim_ingest(time.time(), lease_s=30)
     assert claim is not None
     content = await store.file_content(claim.input_file_id, claim.tenant)
@@ -283,11 +307,12 @@ async def test_ingest_that_died_halfway_resumes_without_duplicates(
     assert await store.ingest_chunk(
         claim, checked.commands[:4], start=0, now=time.time(), lease_s=30
     )
-    # The first driver dies here. Nobody else may take the job until its lease runs out...
+    # The first driver dies here, its chunk committed but not published. Nobody else may take
+    # the job until its lease runs out...
     assert await store.claim_ingest(time.time(), lease_s=30) is None
-    # ... and once it has, the next driver resumes at line 5.
+    # ... and once it has, the next driver publishes that chunk and resumes at line 5.
     second = await store.claim_ingest(time.time() + 31, lease_s=30)
-    assert second is not None and second.ingested_lines == 4
+    assert second is not None and (second.ingested_lines, second.published_lines) == (4, 0)
     await first.ingest(second)
     # The dead driver's claim is fenced off: it cannot write again.
     assert not await store.ingest_chunk(
@@ -296,7 +321,30 @@ async def test_ingest_that_died_halfway_resumes_without_duplicates(
     started = await get_batch(client, created["id"])
     assert started["status"] == "in_progress"
     assert started["request_counts"]["total"] == 10
-    assert await store.job_counts(job_uuid(created["id"])) == {"queued": 10}
+    job = job_uuid(created["id"])
+    assert await store.job_counts(job) == {"queued": 10}
+    assert queue.published == [str(job_request_id(job, i)) for i in range(10)]
+
+
+async def test_a_chunk_the_broker_did_not_confirm_is_published_by_the_next_driver(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    created = await create_batch(client, jsonl([chat_line(f"r{i}", f"t{i}") for i in range(6)]))
+    store = store_of(app)
+    queue = RecordingQueue(app.state.services.adapters.queue, refuse=1)
+    driver = driver_of(app, chunk=4, queue=queue)
+    now = time.time()
+    assert await driver.ingest_once(now) == 1
+    # The first chunk is committed, its publish refused: the job is not started, and the
+    # driver stops rather than write chunks it could not publish.
+    job = job_uuid(created["id"])
+    assert (await get_batch(client, created["id"]))["status"] == "validating"
+    assert await store.job_counts(job) == {"queued": 4}
+    assert queue.published == []
+    # Its lease runs out; the next attempt publishes the committed chunk, then the rest.
+    assert await driver.ingest_once(now + 31) == 1
+    assert (await get_batch(client, created["id"]))["status"] == "in_progress"
+    assert queue.published == [str(job_request_id(job, i)) for i in range(6)]
 
 
 async def test_cancelling_a_job_cancels_its_requests_and_ends_cancelled(

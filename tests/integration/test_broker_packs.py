@@ -1,0 +1,106 @@
+"""The bulk lane's packs on the real broker: many requests a message, each delivered once, the
+message settled when its last request is, and all of it handed back by a release."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from core.broker import BULK_PACK, Delivery, RabbitRequestQueue, pack_prefetch
+from core.domain import Lane, QueueMessage
+from core.ids import uuid7
+from core.settings import Settings
+from tests.integration.test_graceful import until
+
+ECHO = "echo-100ms"
+
+
+def message(lane: Lane, n: int) -> QueueMessage:
+    now = time.time()
+    return QueueMessage(
+        id=str(uuid7()),
+        model=ECHO,
+        lane=lane,
+        tenant="t1",
+        created_at=now,
+        deadline=now + 600,
+        prompt_tokens=n,
+        max_tokens=16,
+    )
+
+
+def test_the_bulk_prefetch_is_counted_in_requests() -> None:
+    assert pack_prefetch(Lane.INTERACTIVE, 1024) == 1024
+    assert pack_prefetch(Lane.BULK, 4 * BULK_PACK) == 4
+    assert pack_prefetch(Lane.BULK, 4 * BULK_PACK + 1) == 5
+    assert pack_prefetch(Lane.BULK, 1) == 1
+
+
+async def test_bulk_requests_travel_in_packs_and_settle_with_their_last_member(
+    settings: Settings,
+) -> None:
+    queue = RabbitRequestQueue(settings.broker_url or "", settings.namespace)
+    consumer = RabbitRequestQueue(settings.broker_url or "", settings.namespace)
+    total = 2 * BULK_PACK + 5
+    sent = [message(Lane.BULK, i) for i in range(total)]
+    try:
+        await queue.publish(sent)
+        # Three messages on the queue, counted in requests as if full.
+        assert await queue.depth(ECHO, Lane.BULK) == 3 * BULK_PACK
+        received: list[tuple[QueueMessage, Delivery]] = []
+
+        async def collect(m: QueueMessage, delivery: Delivery) -> None:
+            received.append((m, delivery))
+
+        # Room for one pack at a time: the next comes only once this one is settled.
+        await consumer.consume(ECHO, Lane.BULK, collect, prefetch=BULK_PACK)
+        await until(lambda: len(received) == BULK_PACK)
+        await asyncio.sleep(0.3)
+        assert len(received) == BULK_PACK, "a second pack came before the first was settled"
+        assert [m for m, _ in received] == sent[:BULK_PACK]  # every field, in order
+        for _, delivery in received[:-1]:
+            await delivery.ack()
+        await asyncio.sleep(0.3)
+        assert len(received) == BULK_PACK, "the pack was settled before its last member"
+        await received[-1][1].ack()
+        await until(lambda: len(received) == 2 * BULK_PACK)
+
+        # A release hands the whole pack back, members already settled included, once.
+        second = received[BULK_PACK:]
+        await second[0][1].ack()
+        await second[1][1].release()
+        await second[2][1].release()
+        # The rest come one message at a time (the third pack, the second again), in
+        # whichever order the queue keeps them.
+        expected = BULK_PACK + 5
+        await until(lambda: len(received) > 2 * BULK_PACK)
+        settled = 2 * BULK_PACK
+        while len(received) < 2 * BULK_PACK + expected:
+            arrived = len(received)
+            for _, delivery in received[settled:arrived]:  # once a member
+                await delivery.ack()
+            settled = arrived
+            await until(lambda n=arrived: len(received) > n)
+        for _, delivery in received[settled:]:
+            await delivery.ack()
+        again = received[2 * BULK_PACK :]
+        assert sorted(m.id for m, _ in again) == sorted(m.id for m in sent[BULK_PACK:])
+        second_ids = {m.id for m in sent[BULK_PACK : 2 * BULK_PACK]}
+        assert all(d.redelivered for m, d in again if m.id in second_ids)
+        assert {m.id for m, _ in received} == {m.id for m in sent}
+        await asyncio.sleep(0.3)
+        assert await queue.depth(ECHO, Lane.BULK) == 0
+    finally:
+        await consumer.close()
+        await queue.delete_queues([ECHO])
+        await queue.close()
+
+
+async def test_interactive_requests_travel_one_a_message(settings: Settings) -> None:
+    queue = RabbitRequestQueue(settings.broker_url or "", settings.namespace)
+    try:
+        await queue.publish([message(Lane.INTERACTIVE, i) for i in range(3)])
+        assert await queue.depth(ECHO, Lane.INTERACTIVE) == 3
+    finally:
+        await queue.delete_queues([ECHO])
+        await queue.close()
