@@ -7,7 +7,6 @@ registry). A file with any bad line is refused whole, each error naming its line
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -107,18 +106,9 @@ def _line(
     body = data.get("body")
     if not isinstance(body, dict):
         raise _Refused("invalid_request", "body must be a JSON object", "body")
-    command = _command(body, registry, settings, now, claim)
+    command = _command(body, registry, settings, now, claim, custom_id, index, number)
     seen.add(custom_id)
-    return dataclasses.replace(
-        command,
-        id=job_request_id(claim.job_id, index),
-        lane=Lane.BULK,
-        deadline=claim.expires_at,
-        fingerprint=None,
-        job_id=claim.job_id,
-        custom_id=custom_id,
-        job_line=number,
-    )
+    return command
 
 
 def _custom_id(data: dict[str, Any], seen: set[str]) -> str:
@@ -144,6 +134,9 @@ def _command(
     settings: Settings,
     now: datetime,
     claim: IngestClaim,
+    custom_id: str,
+    index: int,
+    line: int,
 ) -> SubmitCommand:
     schema = ChatBody if claim.endpoint is Endpoint.CHAT else CompletionBody
     try:
@@ -156,6 +149,12 @@ def _command(
             registry=registry,
             settings=settings,
             now=now,
+            request_id=job_request_id(claim.job_id, index),
+            deadline=claim.expires_at,
+            lane=Lane.BULK,
+            job_id=claim.job_id,
+            custom_id=custom_id,
+            job_line=line,
         )
     except ValidationError as error:
         first = error.errors()[0]

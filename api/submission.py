@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -44,14 +45,23 @@ def estimate_prompt_tokens(body: SubmitRequest) -> int:
 
 def _refuse_nul(body: SubmitRequest) -> None:
     """Text is stored in Postgres, which cannot hold NUL characters: refuse them by name."""
-    texts: list[tuple[str, str]] = [("input", body.input or "")]
-    texts += [(f"messages.{i}.content", m.content) for i, m in enumerate(body.messages or [])]
-    texts += [(f"metadata.{k}", f"{k}{v}") for k, v in (body.metadata or {}).items()]
-    texts += [("params.stop", stop) for stop in body.params.stop_list() or []]
-    texts += [("webhook_url", body.webhook_url or "")]
-    for field, value in texts:
-        if "\x00" in value:
-            raise InvalidInput(f"{field} contains a NUL character", field=field)
+    if body.input is not None and "\x00" in body.input:
+        _nul("input")
+    for i, message in enumerate(body.messages or ()):
+        if "\x00" in message.content:
+            _nul(f"messages.{i}.content")
+    for key, value in (body.metadata or {}).items():
+        if "\x00" in key or "\x00" in value:
+            _nul(f"metadata.{key}")
+    for stop in body.params.stop_list() or ():
+        if "\x00" in stop:
+            _nul("params.stop")
+    if body.webhook_url is not None and "\x00" in body.webhook_url:
+        _nul("webhook_url")
+
+
+def _nul(field: str) -> None:
+    raise InvalidInput(f"{field} contains a NUL character", field=field)
 
 
 def check_context(spec: ModelSpec, body: SubmitRequest, prompt_tokens: int) -> None:
@@ -118,8 +128,13 @@ def build_command(
     settings: Settings,
     now: datetime,
     prompt_tokens: int | None = None,
+    request_id: uuid.UUID | None = None,
+    deadline: datetime | None = None,
+    **fields: Any,
 ) -> SubmitCommand:
-    """``prompt_tokens``: the exact count when the caller has the model's tokenizer."""
+    """``prompt_tokens``: the exact count when the caller has the model's tokenizer.
+    ``request_id``, ``deadline`` and the other ``fields`` of the command, where the caller
+    sets them (a bulk job's lines)."""
     if body.input is None and body.messages is None:
         raise InvalidInput("give one of `input` (text) and `messages` (chat)", field="input")
     if body.input is not None and body.messages is not None:
@@ -148,10 +163,10 @@ def build_command(
     else:
         check_context(spec, body, prompt_tokens)
     return SubmitCommand(
-        id=uuid7(),
+        id=request_id or uuid7(),
         tenant=tenant,
         model=spec.name,
-        lane=Lane(body.lane),
+        lane=fields.pop("lane", None) or Lane(body.lane),
         input=body.input,
         messages=[m.model_dump() for m in body.messages] if body.messages is not None else None,
         params={
@@ -162,13 +177,15 @@ def build_command(
             "seed": params.seed,
         },
         created_at=now,
-        deadline=resolve_deadline(body, settings, now),
+        deadline=deadline or resolve_deadline(body, settings, now),
         prompt_tokens=prompt_tokens,
         max_tokens=params.max_tokens,
         idempotency_key=check_idempotency_key(idempotency_key),
-        fingerprint=fingerprint(body),
+        # Only a replay under the same key compares bodies.
+        fingerprint=fingerprint(body) if idempotency_key is not None else None,
         webhook_url=check_webhook_url(body.webhook_url),
         metadata=body.metadata,
+        **fields,
     )
 
 

@@ -40,6 +40,7 @@ def job_driver(adapters: Adapters) -> JobDriver:
         queue=adapters.queue,
         registry=adapters.registry,
         settings=adapters.settings,
+        events=adapters.events,
     )
 
 

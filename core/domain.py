@@ -295,7 +295,19 @@ class BatchClosed:
         }
 
 
-Event = StateChange | BatchClosed
+@dataclass(frozen=True, slots=True)
+class JobChanged:
+    """Published when a bulk job is created or cancelled: the job driver acts on it at once
+    rather than at its next tick."""
+
+    job_id: str
+    status: str
+
+    def encode(self) -> dict[str, Any]:
+        return {"type": "job", "job_id": self.job_id, "status": self.status}
+
+
+Event = StateChange | BatchClosed | JobChanged
 
 
 class DeliveryStatus(StrEnum):
@@ -364,6 +376,8 @@ def encode_event(event: Event) -> bytes:
 
 def decode_event(body: bytes | str) -> Event:
     data = orjson.loads(body)
+    if data["type"] == "job":
+        return JobChanged(job_id=data["job_id"], status=data["status"])
     if data["type"] == "batch":
         return BatchClosed(
             model=data["model"],

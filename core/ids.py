@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import threading
@@ -51,17 +52,23 @@ def uuid7_floor(epoch_s: float) -> uuid.UUID:
 LINE_BITS = 20  # lines of one bulk job: up to 1,048,576 (BATCHSERVE_BATCH_MAX_REQUESTS is lower)
 
 
+@functools.lru_cache(maxsize=64)
+def _job_digest(job_id: uuid.UUID) -> int:
+    return int.from_bytes(hashlib.blake2b(job_id.bytes, digest_size=8).digest(), "big")
+
+
 def job_request_id(job_id: uuid.UUID, line: int) -> uuid.UUID:
     """The id of line ``line`` of a bulk job: the same every time it is computed.
 
-    Ingest that dies halfway is resumed by inserting the same ids again (conflicts are
-    skipped). The layout is still a UUIDv7: the job's millisecond, then the line number, then
-    bits of a hash of the job id, so a job's requests sort by line and after older requests.
+    Ingest that dies halfway is resumed with the same ids, so a line is one request however
+    often it is read. The layout is still a UUIDv7: the job's millisecond, then the line
+    number, then bits of a hash of the job id, so a job's requests sort by line and after
+    older requests.
     """
     if not 0 <= line < (1 << LINE_BITS):
         raise ValueError(f"line {line} out of range")
     job_ms = job_id.int >> 80
-    digest = int.from_bytes(hashlib.blake2b(job_id.bytes, digest_size=8).digest(), "big")
+    digest = _job_digest(job_id)
     rest = (line << (74 - LINE_BITS)) | (digest & ((1 << (74 - LINE_BITS)) - 1))
     value = (job_ms << 80) | (0x7 << 76) | ((rest >> 62) << 64) | (0b10 << 62)
     value |= rest & ((1 << 62) - 1)

@@ -18,7 +18,7 @@ Several drivers may run at once: leases, conditional updates and ``SKIP LOCKED``
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -28,8 +28,9 @@ from api.batch_files import render_files
 from api.batch_input import ValidatedFile, validate_file
 from core.broker import RequestQueue
 from core.bulk import IngestClaim, JobStatus, LineError
-from core.domain import ErrorCode, RequestState, SubmitCommand, from_epoch
+from core.domain import ErrorCode, Event, JobChanged, RequestState, SubmitCommand, from_epoch
 from core.errors import Unavailable
+from core.events import EventBus
 from core.records import command_message
 from core.settings import Settings
 from core.store import ActiveJob, JobStore
@@ -61,8 +62,12 @@ class JobDriver:
         settings: Settings,
         config: JobDriverConfig | None = None,
         clock: Callable[[], float] = time.time,
+        events: EventBus | None = None,
     ) -> None:
         self._store = store
+        self._events = events
+        # One per loop: a job created wakes the ingest, one cancelled the settling.
+        self._wakes = (asyncio.Event(), asyncio.Event())
         self._queue = queue
         self._registry = registry
         self._settings = settings
@@ -71,10 +76,31 @@ class JobDriver:
 
     async def run(self) -> None:
         log.info("job_driver_started tick_s=%.2f", self.config.tick_s)
-        await asyncio.gather(self._forever(self.ingest_once), self._forever(self.settle))
+        subscription = (
+            self._events.subscribe(self._on_event, on_reconnect=self._wake_all)
+            if self._events is not None
+            else None
+        )
+        try:
+            await asyncio.gather(
+                self._forever(self.ingest_once, self._wakes[0]),
+                self._forever(self.settle, self._wakes[1]),
+            )
+        finally:
+            if subscription is not None:
+                await subscription.close()
 
-    async def _forever(self, step: Callable[[float], Awaitable[int]]) -> None:
+    def _on_event(self, event: Event) -> None:
+        if isinstance(event, JobChanged):
+            self._wake_all()
+
+    def _wake_all(self) -> None:
+        for wake in self._wakes:
+            wake.set()
+
+    async def _forever(self, step: Callable[[float], Awaitable[int]], wake: asyncio.Event) -> None:
         while True:
+            wake.clear()  # before the step: a wake-up during it is not lost
             done = 0
             try:
                 done = await step(self._clock())
@@ -83,7 +109,10 @@ class JobDriver:
             except Exception:
                 log.exception("job_driver_step_failed step=%s", step.__name__)
             if not done:
-                await asyncio.sleep(self.config.tick_s)
+                # A tick, or sooner when the API announces a job (the event is a hint: the
+                # tick finds what a missed one would have said).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), timeout=self.config.tick_s)
 
     # -- ingest ------------------------------------------------------------------------------
 
@@ -160,20 +189,23 @@ class JobDriver:
         the broker did not confirm (the job's lease then runs out, and the next driver
         publishes the chunk again)."""
         now = self._clock()
-        stamped = [dataclasses.replace(c, created_at=from_epoch(now)) for c in chunk]
         if not await self._store.ingest_chunk(
-            claim, stamped, start=at, now=now, lease_s=self.config.lease_s
+            claim, chunk, start=at, now=now, lease_s=self.config.lease_s
         ):
             return False
-        return await self._publish(claim, stamped, at + len(stamped))
+        return await self._publish(claim, chunk, at + len(chunk), now)
 
     async def _publish(
-        self, claim: IngestClaim, commands: Sequence[SubmitCommand], through: int
+        self,
+        claim: IngestClaim,
+        commands: Sequence[SubmitCommand],
+        through: int,
+        created_at: float | None = None,
     ) -> bool:
         """Publish committed requests (packs of them, one confirmed round) and record that the
         job's lines up to ``through`` are on the broker."""
         try:
-            await self._queue.publish([command_message(c) for c in commands])
+            await self._queue.publish([command_message(c, created_at) for c in commands])
         except Unavailable as error:
             log.warning("job_publish_failed job_id=%s error=%s", claim.job_id, error)
             return False

@@ -17,7 +17,7 @@ from api.openai_errors import OpenAIRoute
 from api.responses import JSON
 from api.submission import check_webhook_url
 from core.bulk import FILE_PREFIX, JOB_PREFIX, Endpoint, FilePurpose, NewJob, parse_public_id
-from core.domain import utcnow
+from core.domain import JobChanged, utcnow
 from core.errors import InvalidInput, NotFound
 from core.ids import uuid7
 
@@ -66,6 +66,7 @@ async def create_batch(body: CreateBatch, services: Services, caller: Caller) ->
             webhook_url=webhook_url,
         )
     )
+    await services.adapters.events.publish(JobChanged(job.id.hex, job.status.value))
     return JSON(batch_object(job))
 
 
@@ -83,6 +84,7 @@ async def cancel_batch(batch_id: str, services: Services, tenant: Tenant) -> JSO
     """Cancel a job: it goes ``cancelling``, its unfinished requests are cancelled, then it
     ends ``cancelled`` with the results it has."""
     job = await services.adapters.store.cancel_job(_job_uuid(batch_id), tenant, time.time())
+    await services.adapters.events.publish(JobChanged(job.id.hex, job.status.value))
     return JSON(batch_object(job))
 
 

@@ -6,9 +6,10 @@ the writer believes it stands, under its lease token: a driver that died mid-ing
 lease to run out and the next one resumes at the first line not committed. Its rows are written
 already marked published, and once the broker has confirmed them the job's ``published_lines``
 follows (one row instead of a chunk's): the next driver republishes the lines in between.
-Request ids are derived from (job, line), and inserts skip ids that exist, so even a chunk
-written twice persists each line once. On Postgres the rows go in by ``COPY`` (into a session
-temp table, then one ``INSERT ... ON CONFLICT DO NOTHING``); on SQLite by multi-row inserts.
+Request ids are derived from (job, line), so a line has one id however often it is written.
+On Postgres the rows go in by ``COPY`` straight into ``requests`` (the ``ingested_lines``
+check is what keeps a chunk from being written twice); on SQLite by multi-row inserts that
+skip ids already there.
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ class IngestVerbs(StoreBase):
         now: float,
         lease_s: float,
     ) -> bool:
-        """Persist ``commands`` (the job's requests from index ``start``) and advance the job.
+        """Persist ``commands`` (the job's requests from index ``start``, created ``now``) and
+        advance the job.
 
         False when this claim no longer holds the job (lease lost, job cancelled or expired):
         nothing is written then.
@@ -112,8 +114,9 @@ class IngestVerbs(StoreBase):
             )
             if not advanced.rowcount:
                 return False
-            published_at = from_epoch(now)  # made true by published_through, or redone
-            rows = [{**command_row(c), "published_at": published_at} for c in commands]
+            # Published: made true by published_through, or by the next driver.
+            at = from_epoch(now)
+            rows = [{**command_row(c), "created_at": at, "published_at": at} for c in commands]
             if self._postgres:
                 await _copy_requests(conn, rows)
             else:
@@ -191,19 +194,12 @@ async def _copy_requests(conn: AsyncConnection, rows: list[dict[str, Any]]) -> N
     names = ", ".join(columns)
     raw = await conn.get_raw_connection()
     driver: Any = raw.driver_connection  # psycopg.AsyncConnection, in this transaction
-    async with driver.cursor() as cursor:
-        # A session temp table: COPY cannot skip conflicts, INSERT ... SELECT can.
-        await cursor.execute(
-            "CREATE TEMP TABLE IF NOT EXISTS ingest_requests "
-            "(LIKE requests INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
-        )
-        async with cursor.copy(f"COPY ingest_requests ({names}) FROM STDIN") as copy:
-            for row in rows:
-                await copy.write_row([_pg_value(name, row[name]) for name in columns])
-        await cursor.execute(
-            f"INSERT INTO requests ({names}) SELECT {names} FROM ingest_requests "
-            "ON CONFLICT (id) DO NOTHING"
-        )
+    # Straight into the table: the job row's ``ingested_lines`` check, in this transaction and
+    # under its row lock, lets a chunk be written once only, so no id can be there already.
+    statement = f"COPY requests ({names}) FROM STDIN"
+    async with driver.cursor() as cursor, cursor.copy(statement) as copy:
+        for row in rows:
+            await copy.write_row([_pg_value(name, row[name]) for name in columns])
 
 
 def _pg_value(column: str, value: Any) -> Any:
