@@ -4,6 +4,8 @@ the way a worker completes them."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -76,14 +78,17 @@ class RecordingQueue(RequestQueue):
         await self.inner.consume(model, lane, handler, prefetch)
 
 
-def driver_of(app: FastAPI, chunk: int = 5000, queue: RequestQueue | None = None) -> JobDriver:
+def driver_of(
+    app: FastAPI, chunk: int = 5000, queue: RequestQueue | None = None, tick_s: float = 0.5
+) -> JobDriver:
     adapters = app.state.services.adapters
     return JobDriver(
         store=adapters.store,
         queue=queue or adapters.queue,
         registry=adapters.registry,
         settings=adapters.settings,
-        config=JobDriverConfig(ingest_chunk=chunk),
+        config=JobDriverConfig(ingest_chunk=chunk, tick_s=tick_s),
+        events=adapters.events,
     )
 
 
@@ -224,6 +229,34 @@ async def test_a_job_goes_from_validating_to_completed_with_one_line_per_custom_
             )
         ).all()
     assert [tuple(e) for e in events] == [("batch.completed", None)]
+
+
+async def test_the_driver_takes_a_new_job_and_a_cancellation_at_once_not_at_its_tick(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    driver = driver_of(app, tick_s=60.0)
+    running = asyncio.create_task(driver.run())
+    try:
+        await asyncio.sleep(0.5)  # both loops found nothing and wait out a minute's tick
+        created = await create_batch(client, jsonl([chat_line("a", "x"), chat_line("b", "y")]))
+        await until(lambda: status_of(client, created["id"]), "in_progress")
+        assert (await client.post(f"/v1/batches/{created['id']}/cancel")).status_code == 200
+        await until(lambda: status_of(client, created["id"]), "cancelled")
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running
+
+
+async def status_of(client: httpx.AsyncClient, batch_id: str) -> str:
+    return str((await get_batch(client, batch_id))["status"])
+
+
+async def until(read: Any, value: str, timeout_s: float = 10.0) -> None:
+    give_up = time.monotonic() + timeout_s
+    while (seen := await read()) != value:
+        assert time.monotonic() < give_up, f"still {seen!r}, not {value!r}"
+        await asyncio.sleep(0.05)
 
 
 async def test_a_bad_file_fails_the_job_with_each_error_on_its_line(
