@@ -50,33 +50,99 @@ def validate_file(
     now: datetime,
 ) -> ValidatedFile | list[LineError]:
     """The file's requests, or why it is refused (at most ``MAX_ERRORS`` errors)."""
-    if len(content) > settings.max_file_bytes:
-        return [LineError("file_too_large", f"over {settings.max_file_bytes} bytes")]
-    errors: list[LineError] = []
+    validation = FileValidation(content, claim=claim, registry=registry, settings=settings, now=now)
     commands: list[SubmitCommand] = []
-    seen: set[str] = set()
-    for number, line in enumerate(content.split(b"\n"), start=1):
-        if not line.strip():
-            continue
-        if len(commands) + len(errors) >= settings.batch_max_requests:
-            limit = settings.batch_max_requests
-            errors.append(LineError("too_many_requests", f"over {limit} requests", number))
-            break
-        try:
-            command = _line(line, number, claim, registry, settings, now, seen, len(commands))
-        except _Refused as refused:
-            code, message, param = refused.error
-            errors.append(LineError(code, message, number, param))
-            if len(errors) >= MAX_ERRORS:
+    while not validation.done:
+        commands += validation.next_chunk(len(content) + 1)
+    if validation.errors:
+        return validation.errors
+    return ValidatedFile(commands, validation.model)
+
+
+class FileValidation:
+    """A batch input file checked a chunk of lines at a time, so that the job driver can write
+    the requests of one chunk while it checks the next.
+
+    Once a line is refused no more requests are returned: the file is refused whole, and the
+    rest of it is only read for more errors (up to ``MAX_ERRORS``).
+    """
+
+    def __init__(
+        self,
+        content: bytes,
+        *,
+        claim: IngestClaim,
+        registry: Registry,
+        settings: Settings,
+        now: datetime,
+    ) -> None:
+        self._claim = claim
+        self._registry = registry
+        self._settings = settings
+        self._now = now
+        self._seen: set[str] = set()
+        self._models: set[str] = set()
+        self.errors: list[LineError] = []
+        self.count = 0  # requests found valid so far
+        self.done = False
+        self._lines: list[bytes] = []
+        if len(content) > settings.max_file_bytes:
+            self.errors.append(LineError("file_too_large", f"over {settings.max_file_bytes} bytes"))
+            self.done = True
+        else:
+            self._lines = content.split(b"\n")
+        self._at = 0  # the next line's index
+
+    @property
+    def lines(self) -> int:
+        """Non-blank lines in the file: the requests it holds if it is valid."""
+        return sum(1 for line in self._lines if line.strip())
+
+    @property
+    def model(self) -> str | None:
+        """The model every request names, if they all name the same one."""
+        return next(iter(self._models)) if len(self._models) == 1 else None
+
+    def next_chunk(self, size: int) -> list[SubmitCommand]:
+        """Up to ``size`` more requests, in line order; fewer once the file is through (then
+        :attr:`done`), none once any line was refused."""
+        chunk: list[SubmitCommand] = []
+        limit = self._settings.batch_max_requests
+        while self._at < len(self._lines) and len(chunk) < size:
+            number, line = self._at + 1, self._lines[self._at]
+            self._at += 1
+            if not line.strip():
+                continue
+            if self.count + len(self.errors) >= limit:
+                self.errors.append(LineError("too_many_requests", f"over {limit} requests", number))
+                self._at = len(self._lines)
                 break
-            continue
-        commands.append(command)
-    if errors:
-        return errors
-    if not commands:
-        return [LineError("empty_file", "the file has no requests")]
-    models = {c.model for c in commands}
-    return ValidatedFile(commands, models.pop() if len(models) == 1 else None)
+            try:
+                command = _line(
+                    line,
+                    number,
+                    self._claim,
+                    self._registry,
+                    self._settings,
+                    self._now,
+                    self._seen,
+                    self.count,
+                )
+            except _Refused as refused:
+                code, message, param = refused.error
+                self.errors.append(LineError(code, message, number, param))
+                if len(self.errors) >= MAX_ERRORS:
+                    self._at = len(self._lines)
+                continue
+            self.count += 1
+            self._models.add(command.model)
+            if not self.errors:
+                chunk.append(command)
+        if self._at >= len(self._lines):
+            self.done = True
+            if not self.count and not self.errors:
+                self.errors.append(LineError("empty_file", "the file has no requests"))
+        return [] if self.errors else chunk
 
 
 def _line(

@@ -54,14 +54,13 @@ def command_row(cmd: SubmitCommand) -> dict[str, Any]:
     }
 
 
-def command_message(cmd: SubmitCommand, created_at: float | None = None) -> QueueMessage:
-    """``created_at``: when the request was persisted, where that is not the command's."""
+def command_message(cmd: SubmitCommand) -> QueueMessage:
     return QueueMessage(
         id=str(cmd.id),
         model=cmd.model,
         lane=cmd.lane,
         tenant=cmd.tenant,
-        created_at=to_epoch(cmd.created_at) if created_at is None else created_at,
+        created_at=to_epoch(cmd.created_at),
         deadline=to_epoch(cmd.deadline),
         prompt_tokens=cmd.prompt_tokens,
         max_tokens=cmd.max_tokens,

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from api.batch_files import render_files
-from api.batch_input import ValidatedFile, validate_file
+from api.batch_input import FileValidation
 from core.broker import RequestQueue
 from core.bulk import IngestClaim, JobStatus, LineError
 from core.domain import ErrorCode, Event, JobChanged, RequestState, SubmitCommand, from_epoch
@@ -125,41 +125,57 @@ class JobDriver:
         return 1
 
     async def ingest(self, claim: IngestClaim) -> None:
+        """Validate the job's file a chunk at a time, writing each valid chunk while the next
+        is checked (unpublished: a bad line further on refuses the file whole, and the job's
+        rows go with it); once the whole file is valid, publish and start the job."""
         content = await self._store.file_content(claim.input_file_id, claim.tenant)
         started = self._clock()
-        checked = validate_file(
+        validation = FileValidation(
             content or b"",
             claim=claim,
             registry=self._registry,
             settings=self._settings,
             now=from_epoch(started),
         )
-        if not isinstance(checked, ValidatedFile):
-            failed = await self._store.fail_job(claim, checked, self._clock())
-            log.info("job_refused job_id=%s errors=%d held=%s", claim.job_id, len(checked), failed)
+        over = None
+        if claim.ingested_lines == 0 and not validation.errors:
+            over = await self._over_bulk_quota(claim.tenant, validation.lines)
+        commands: list[SubmitCommand] = []
+        writing: asyncio.Task[bool] | None = None
+        try:
+            while not validation.done:
+                # The check runs in a thread, so the loop writes the chunk before meanwhile.
+                chunk = await asyncio.to_thread(validation.next_chunk, self.config.ingest_chunk)
+                if writing is not None and not await writing:
+                    log.info("job_ingest_stopped job_id=%s at=%d", claim.job_id, len(commands))
+                    return
+                writing = None
+                first = len(commands)
+                commands += chunk
+                start = max(first, claim.ingested_lines)  # resumed: the lines before are written
+                if over is None and start < len(commands):
+                    writing = asyncio.create_task(self._write(claim, commands[start:], start))
+            if writing is not None and not await writing:
+                log.info("job_ingest_stopped job_id=%s at=%d", claim.job_id, len(commands))
+                return
+            writing = None
+        finally:
+            if writing is not None and not writing.done():  # failed in between: roll it back
+                writing.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await writing
+        refused = validation.errors or ([over] if over is not None else [])
+        if refused:
+            failed = await self._store.fail_job(claim, refused, self._clock())
+            log.info("job_refused job_id=%s errors=%d held=%s", claim.job_id, len(refused), failed)
             return
-        commands = checked.commands
-        if claim.ingested_lines == 0:
-            over = await self._over_bulk_quota(claim.tenant, len(commands))
-            if over is not None:
-                await self._store.fail_job(claim, [over], self._clock())
-                log.info("job_refused job_id=%s reason=max_bulk_in_flight", claim.job_id)
-                return
-        if claim.published_lines < claim.ingested_lines:
-            # Committed by a driver that stopped before the broker confirmed them.
-            unconfirmed = commands[claim.published_lines : claim.ingested_lines]
-            if not await self._publish(claim, unconfirmed, claim.ingested_lines):
-                return
-        at = claim.ingested_lines
-        while at < len(commands):
-            chunk = commands[at : at + self.config.ingest_chunk]
-            if not await self._persist(claim, chunk, at):
-                log.info("job_ingest_stopped job_id=%s at=%d", claim.job_id, at)
-                return
-            at += len(chunk)
+        unconfirmed = commands[claim.published_lines :]
+        if not await self._publish(claim, unconfirmed, len(commands)):
+            log.info("job_ingest_stopped job_id=%s at=%d", claim.job_id, len(commands))
+            return
         now = self._clock()
         started_ok = await self._store.start_job(
-            claim, total=len(commands), model=checked.model, now=now
+            claim, total=len(commands), model=validation.model, now=now
         )
         log.info(
             "job_ingested job_id=%s requests=%d resumed_at=%d seconds=%.2f started=%s",
@@ -184,28 +200,20 @@ class JobDriver:
             f"exceed the tenant's limit of {limit} (max_bulk_in_flight)",
         )
 
-    async def _persist(self, claim: IngestClaim, chunk: Sequence[SubmitCommand], at: int) -> bool:
-        """Commit one chunk, then publish it; False when the claim no longer holds the job or
-        the broker did not confirm (the job's lease then runs out, and the next driver
-        publishes the chunk again)."""
-        now = self._clock()
-        if not await self._store.ingest_chunk(
-            claim, chunk, start=at, now=now, lease_s=self.config.lease_s
-        ):
-            return False
-        return await self._publish(claim, chunk, at + len(chunk), now)
+    async def _write(self, claim: IngestClaim, chunk: Sequence[SubmitCommand], at: int) -> bool:
+        """Commit one chunk (not yet published); False when the claim no longer holds the job."""
+        return await self._store.ingest_chunk(
+            claim, chunk, start=at, now=self._clock(), lease_s=self.config.lease_s
+        )
 
     async def _publish(
-        self,
-        claim: IngestClaim,
-        commands: Sequence[SubmitCommand],
-        through: int,
-        created_at: float | None = None,
+        self, claim: IngestClaim, commands: Sequence[SubmitCommand], through: int
     ) -> bool:
         """Publish committed requests (packs of them, one confirmed round) and record that the
-        job's lines up to ``through`` are on the broker."""
+        job's lines up to ``through`` are on the broker; False when the broker did not confirm
+        (the job's lease then runs out, and the next driver publishes them again)."""
         try:
-            await self._queue.publish([command_message(c, created_at) for c in commands])
+            await self._queue.publish([command_message(c) for c in commands])
         except Unavailable as error:
             log.warning("job_publish_failed job_id=%s error=%s", claim.job_id, error)
             return False

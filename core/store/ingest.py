@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from psycopg.types.json import Jsonb
-from sqlalchemy import or_, select, update
+from sqlalchemy import delete, or_, select, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -153,7 +153,8 @@ class IngestVerbs(StoreBase):
         return bool(changed.rowcount)
 
     async def fail_job(self, claim: IngestClaim, errors: Sequence[LineError], now: float) -> bool:
-        """``validating -> failed``: the input file was refused; ``errors`` say where."""
+        """``validating -> failed``: the input file was refused; ``errors`` say where. The
+        requests already written for it (never published) are deleted."""
         async with transaction(self.engine) as conn:
             row = (
                 (
@@ -173,6 +174,8 @@ class IngestVerbs(StoreBase):
                 .first()
             )
             if row is not None:
+                # Chunks written while the rest of the file was checked: never published.
+                await conn.execute(delete(requests_t).where(requests_t.c.job_id == claim.job_id))
                 await queue_job_webhook(conn, row, J.FAILED, now)
         return row is not None
 

@@ -293,6 +293,22 @@ async def test_a_bad_file_fails_the_job_with_each_error_on_its_line(
     assert await store_of(app).job_counts(job_uuid(created["id"])) == {}
 
 
+async def test_a_bad_line_after_chunks_were_written_refuses_the_file_and_removes_them(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    lines: list[Any] = [chat_line(f"r{i}", f"t{i}") for i in range(11)]
+    lines[9] = b"{not json"
+    created = await create_batch(client, jsonl(lines))
+    queue = RecordingQueue(app.state.services.adapters.queue)
+    # Chunks of 4: lines 1-8 are checked (and written) before line 10 is read.
+    assert await driver_of(app, chunk=4, queue=queue).ingest_once(time.time()) == 1
+    failed = await get_batch(client, created["id"])
+    assert failed["status"] == "failed"
+    assert [(e["line"], e["code"]) for e in failed["errors"]["data"]] == [(10, "invalid_json_line")]
+    assert await store_of(app).job_counts(job_uuid(created["id"])) == {}
+    assert queue.published == []
+
+
 async def test_over_the_line_count_limit_is_refused_at_the_first_line_too_many(
     client: httpx.AsyncClient, app: FastAPI
 ) -> None:
@@ -368,13 +384,12 @@ async def test_a_chunk_the_broker_did_not_confirm_is_published_by_the_next_drive
     driver = driver_of(app, chunk=4, queue=queue)
     now = time.time()
     assert await driver.ingest_once(now) == 1
-    # The first chunk is committed, its publish refused: the job is not started, and the
-    # driver stops rather than write chunks it could not publish.
+    # Every chunk is committed, the publish refused: the job is not started.
     job = job_uuid(created["id"])
     assert (await get_batch(client, created["id"]))["status"] == "validating"
-    assert await store.job_counts(job) == {"queued": 4}
+    assert await store.job_counts(job) == {"queued": 6}
     assert queue.published == []
-    # Its lease runs out; the next attempt publishes the committed chunk, then the rest.
+    # Its lease runs out; the next attempt publishes what is committed and starts the job.
     assert await driver.ingest_once(now + 31) == 1
     assert (await get_batch(client, created["id"]))["status"] == "in_progress"
     assert queue.published == [str(job_request_id(job, i)) for i in range(6)]
