@@ -15,11 +15,21 @@ from collections.abc import Callable
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from core.domain import Event, decode_event, encode_event
+from core.domain import Event, JobChanged, decode_event, encode_event
 
 log = logging.getLogger("batchserve.events")
 
 Handler = Callable[[Event], None]
+
+# Events travel on topics, and a subscriber hears only the topics it names: request and batch
+# changes (many a second: long-polls, the batcher, workers) or bulk jobs created and cancelled
+# (the job driver), so that nobody decodes a stream it ignores.
+REQUESTS = "requests"
+JOBS = "jobs"
+
+
+def event_topic(event: Event) -> str:
+    return JOBS if isinstance(event, JobChanged) else REQUESTS
 
 
 class Subscription:
@@ -45,9 +55,13 @@ class EventBus(ABC):
 
     @abstractmethod
     def subscribe(
-        self, handler: Handler, on_reconnect: Callable[[], None] | None = None
+        self,
+        handler: Handler,
+        on_reconnect: Callable[[], None] | None = None,
+        topics: tuple[str, ...] = (REQUESTS,),
     ) -> Subscription:
-        """Call ``handler`` for every event, from the running loop, until closed."""
+        """Call ``handler`` for every event of ``topics``, from the running loop, until
+        closed."""
 
     async def close(self) -> None:
         return None
@@ -55,33 +69,40 @@ class EventBus(ABC):
 
 class MemoryEventBus(EventBus):
     def __init__(self) -> None:
-        self._handlers: list[Handler] = []
+        self._handlers: list[tuple[Handler, tuple[str, ...]]] = []
 
     async def publish(self, event: Event) -> None:
-        for handler in list(self._handlers):
+        topic = event_topic(event)
+        for handler, topics in list(self._handlers):
+            if topic not in topics:
+                continue
             try:
                 handler(event)
             except Exception:  # a subscriber's bug must not fail the publisher
                 log.exception("event_handler_failed")
 
     def subscribe(
-        self, handler: Handler, on_reconnect: Callable[[], None] | None = None
+        self,
+        handler: Handler,
+        on_reconnect: Callable[[], None] | None = None,
+        topics: tuple[str, ...] = (REQUESTS,),
     ) -> Subscription:
-        self._handlers.append(handler)
-        subscription = _MemorySubscription(self, handler)
+        entry = (handler, topics)
+        self._handlers.append(entry)
+        subscription = _MemorySubscription(self, entry)
         subscription.healthy = True
         return subscription
 
 
 class _MemorySubscription(Subscription):
-    def __init__(self, bus: MemoryEventBus, handler: Handler) -> None:
+    def __init__(self, bus: MemoryEventBus, entry: tuple[Handler, tuple[str, ...]]) -> None:
         super().__init__()
         self._bus = bus
-        self._handler = handler
+        self._entry = entry
 
     async def close(self) -> None:
         with contextlib.suppress(ValueError):
-            self._bus._handlers.remove(self._handler)
+            self._bus._handlers.remove(self._entry)
 
 
 class RedisEventBus(EventBus):
@@ -94,9 +115,13 @@ class RedisEventBus(EventBus):
         self._sub_redis = aioredis.from_url(url, socket_connect_timeout=2, health_check_interval=5)
         self._warned = False
 
+    def _channel(self, topic: str) -> str:
+        # Request events keep the bus's own channel name; other topics get a suffix.
+        return self.channel if topic == REQUESTS else f"{self.channel}.{topic}"
+
     async def publish(self, event: Event) -> None:
         try:
-            await self._redis.publish(self.channel, encode_event(event))
+            await self._redis.publish(self._channel(event_topic(event)), encode_event(event))
             self._warned = False
         except (RedisError, OSError) as error:
             if not self._warned:
@@ -104,20 +129,30 @@ class RedisEventBus(EventBus):
                 self._warned = True
 
     def subscribe(
-        self, handler: Handler, on_reconnect: Callable[[], None] | None = None
+        self,
+        handler: Handler,
+        on_reconnect: Callable[[], None] | None = None,
+        topics: tuple[str, ...] = (REQUESTS,),
     ) -> Subscription:
         subscription = Subscription()
-        subscription._task = asyncio.create_task(self._listen(subscription, handler, on_reconnect))
+        channels = [self._channel(topic) for topic in topics]
+        subscription._task = asyncio.create_task(
+            self._listen(subscription, handler, on_reconnect, channels)
+        )
         return subscription
 
     async def _listen(
-        self, subscription: Subscription, handler: Handler, on_reconnect: Callable[[], None] | None
+        self,
+        subscription: Subscription,
+        handler: Handler,
+        on_reconnect: Callable[[], None] | None,
+        channels: list[str],
     ) -> None:
         backoff_s = 0.1
         while not subscription._closed:
             pubsub = self._sub_redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(self.channel)
+                await pubsub.subscribe(*channels)
                 subscription.healthy = True
                 backoff_s = 0.1
                 if on_reconnect is not None:

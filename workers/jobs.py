@@ -30,7 +30,7 @@ from core.broker import RequestQueue
 from core.bulk import IngestClaim, JobStatus, LineError
 from core.domain import ErrorCode, Event, JobChanged, RequestState, SubmitCommand, from_epoch
 from core.errors import Unavailable
-from core.events import EventBus
+from core.events import JOBS, EventBus
 from core.records import command_message
 from core.settings import Settings
 from core.store import ActiveJob, JobStore
@@ -77,7 +77,7 @@ class JobDriver:
     async def run(self) -> None:
         log.info("job_driver_started tick_s=%.2f", self.config.tick_s)
         subscription = (
-            self._events.subscribe(self._on_event, on_reconnect=self._wake_all)
+            self._events.subscribe(self._on_event, on_reconnect=self._wake_all, topics=(JOBS,))
             if self._events is not None
             else None
         )
