@@ -12,6 +12,8 @@ import httpx
 import pytest
 
 from cli.deployment import Stack
+from models.registry import load_registry
+from tests.conftest import TEST_MODELS
 from tests.support.live import db_rows, wait_terminal
 
 ECHO = "echo-100ms"
@@ -74,16 +76,23 @@ async def test_seed_exercise_a_then_b_7ms_later_share_one_batch(
     results = await wait_terminal(http, [a_id, b_id])
     a, b = results[a_id], results[b_id]
     assert a["batch_id"] == b["batch_id"] is not None
+    delay_ms = echo_ab_delay_ms()
     # A waited the whole delay from its own arrival at the batcher; B's arrival did not
     # restart that clock, so B waited less by exactly the gap between their arrivals.
     wait_a, wait_b = a["timings"]["batch_wait_ms"], b["timings"]["batch_wait_ms"]
-    assert 100.0 <= wait_a <= 115.0, a["timings"]
+    assert delay_ms <= wait_a <= delay_ms + 15.0, a["timings"]
     arrival_gap_ms = (received_at(b) - received_at(a)) * 1000.0
-    assert 0.0 < arrival_gap_ms < 100.0
+    assert 0.0 < arrival_gap_ms < delay_ms
     assert wait_a - wait_b == pytest.approx(arrival_gap_ms, abs=1.0)
     print(
         f"\nA waited {wait_a:.1f} ms, B {wait_b:.1f} ms; B arrived {arrival_gap_ms:.1f} ms after A"
     )
+
+
+def echo_ab_delay_ms() -> float:
+    spec = load_registry(TEST_MODELS).get("echo-ab")
+    assert spec is not None and spec.max_batch_delay_ms is not None
+    return spec.max_batch_delay_ms
 
 
 def received_at(result: dict[str, Any]) -> float:
