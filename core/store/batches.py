@@ -27,6 +27,58 @@ from core.store.base import (
     requests_t,
 )
 
+# The dispatch path's statements, built once: SQLAlchemy then reuses their compiled form and
+# cache key, where building them per call cost more client CPU than running them (a lease:
+# 4.7 against 1.9 ms of CPU, isolated, on the 2-core bench machine).
+_CLAIM = (
+    update(requests_t)
+    .where(
+        requests_t.c.id.in_(bindparam("ids", expanding=True)),
+        requests_t.c.state == S.QUEUED.value,
+        requests_t.c.model == bindparam("claim_model"),
+    )
+    .values(
+        state=S.RUNNING.value,
+        batch_id=bindparam("claim_batch"),
+        attempts=requests_t.c.attempts + 1,
+    )
+    .returning(
+        requests_t.c.id,
+        requests_t.c.input,
+        requests_t.c.messages,
+        requests_t.c.params,
+        requests_t.c.created_at,
+    )
+)
+_INSERT_BATCH = insert(batches_t)
+_TAKE_LEASE = (
+    update(batches_t)
+    .where(
+        batches_t.c.id == bindparam("batch"),
+        batches_t.c.outcome.is_(None),
+        (batches_t.c.attempt == 0) | (batches_t.c.lease_expires_at < bindparam("now")),
+    )
+    .values(
+        attempt=batches_t.c.attempt + 1,
+        worker=bindparam("by"),
+        started_at=func.coalesce(batches_t.c.started_at, bindparam("now")),
+        lease_expires_at=bindparam("until"),
+    )
+    .returning(batches_t.c.attempt, batches_t.c.isolation_group)
+)
+_LIVE_MEMBERS = select(requests_t.c.id).where(
+    requests_t.c.batch_id == bindparam("batch"), requests_t.c.state == S.RUNNING.value
+)
+_STARTED = _TAKE_LEASE.cte("started")
+# Postgres: the lease and the members still waiting, in one statement.
+_START = select(
+    _STARTED.c.attempt,
+    _STARTED.c.isolation_group,
+    select(func.array_agg(requests_t.c.id))
+    .where(requests_t.c.batch_id == bindparam("batch"), requests_t.c.state == S.RUNNING.value)
+    .scalar_subquery(),
+)
+
 
 class BatchVerbs(StoreBase):
     async def claim_batch(
@@ -42,45 +94,26 @@ class BatchVerbs(StoreBase):
     ) -> list[ClaimedRequest]:
         """Move queued requests to running under a new batch; the rest are left alone."""
         async with transaction(self.engine) as conn:
-            rows = (
-                (
-                    await conn.execute(
-                        update(requests_t)
-                        .where(
-                            requests_t.c.id.in_([uuid.UUID(i) for i in request_ids]),
-                            requests_t.c.state == S.QUEUED.value,
-                            requests_t.c.model == model,
-                        )
-                        .values(
-                            state=S.RUNNING.value,
-                            batch_id=batch_id,
-                            attempts=requests_t.c.attempts + 1,
-                        )
-                        .returning(
-                            requests_t.c.id,
-                            requests_t.c.input,
-                            requests_t.c.messages,
-                            requests_t.c.params,
-                            requests_t.c.created_at,
-                        )
-                    )
-                )
-                .mappings()
-                .all()
-            )
+            params = {
+                "ids": [uuid.UUID(i) for i in request_ids],
+                "claim_model": model,
+                "claim_batch": batch_id,
+            }
+            rows = (await conn.execute(_CLAIM, params)).mappings().all()
             if not rows:
                 return []
             await conn.execute(
-                insert(batches_t).values(
-                    id=batch_id,
-                    model=model,
-                    size=len(rows),
-                    attempt=0,
-                    isolation_group=isolation_group,
-                    estimated_ms=estimated_s * 1000.0,
-                    dispatched_at=from_epoch(now),
-                    lease_expires_at=from_epoch(lease_until),
-                )
+                _INSERT_BATCH,
+                {
+                    "id": batch_id,
+                    "model": model,
+                    "size": len(rows),
+                    "attempt": 0,
+                    "isolation_group": isolation_group,
+                    "estimated_ms": estimated_s * 1000.0,
+                    "dispatched_at": from_epoch(now),
+                    "lease_expires_at": from_epoch(lease_until),
+                },
             )
         claimed = [
             ClaimedRequest(
@@ -110,46 +143,26 @@ class BatchVerbs(StoreBase):
         one round trip. ``worker`` runs one model at a time: that it started this batch is what
         tells the reaper that its earlier batches' models had finished (see :meth:`reap_batch`).
         """
-        taken = (
-            update(batches_t)
-            .where(
-                batches_t.c.id == batch_id,
-                batches_t.c.outcome.is_(None),
-                (batches_t.c.attempt == 0) | (batches_t.c.lease_expires_at < from_epoch(now)),
-            )
-            .values(
-                attempt=batches_t.c.attempt + 1,
-                worker=worker,
-                started_at=func.coalesce(batches_t.c.started_at, from_epoch(now)),
-                lease_expires_at=from_epoch(now + lease_s),
-            )
-            .returning(batches_t.c.attempt, batches_t.c.isolation_group)
-        )
-        members = (requests_t.c.batch_id == batch_id, requests_t.c.state == S.RUNNING.value)
+        params = {
+            "batch": batch_id,
+            "now": from_epoch(now),
+            "by": worker,
+            "until": from_epoch(now + lease_s),
+        }
         if self._postgres:
             # The members are read in the statement's snapshot, taken before the batch row is
             # locked: a member cancelled in between still runs, and its write is fenced out.
-            started = taken.cte("started")
-            live_ids_query = select(func.array_agg(requests_t.c.id)).where(*members)
             async with autocommit(self.engine) as conn:
-                row = (
-                    await conn.execute(
-                        select(
-                            started.c.attempt,
-                            started.c.isolation_group,
-                            live_ids_query.scalar_subquery(),
-                        )
-                    )
-                ).first()
+                row = (await conn.execute(_START, params)).first()
             if row is None:
                 return None
             live_ids = frozenset(str(i) for i in row[2] or ())
         else:
             async with transaction(self.engine) as conn:
-                row = (await conn.execute(taken)).first()
+                row = (await conn.execute(_TAKE_LEASE, params)).first()
                 if row is None:
                     return None
-                live = await conn.execute(select(requests_t.c.id).where(*members))
+                live = await conn.execute(_LIVE_MEMBERS, {"batch": batch_id})
                 live_ids = frozenset(str(r[0]) for r in live)
         attempt, isolating = int(row[0]), row[1] is not None
         if attempt > 1:
