@@ -149,16 +149,28 @@ class RequestVerbs(StoreBase):
         await self.mark_published_groups([(ids, now or time.time())])
 
     async def mark_published_groups(self, groups: Sequence[tuple[Sequence[str], float]]) -> None:
-        """Record when each group of messages reached the broker, in one transaction."""
+        """Record when each group of messages reached the broker, in one transaction.
+
+        On Postgres a row another transaction holds is skipped, not waited for: it is being
+        claimed, answered or requeued, so the batcher already had it (a requeue publishes and
+        marks it again). Waiting made this a deadlock with claims and result writes, which lock
+        the same rows in another order, and a result write that lost it could lose its lease.
+        A skipped row that stays queued and unmarked is published again by maintenance, which
+        the batcher tolerates (a request is claimed once, whatever its deliveries)."""
         groups = [(ids, at) for ids, at in groups if ids]
         if not groups:
             return
         async with transaction(self.engine) as conn:
             for ids, at in groups:
+                unmarked = select(requests_t.c.id).where(
+                    requests_t.c.id.in_([uuid.UUID(i) for i in ids]),
+                    requests_t.c.published_at.is_(None),
+                )
+                if self._postgres:
+                    unmarked = unmarked.with_for_update(skip_locked=True)
                 await conn.execute(
                     update(requests_t)
-                    .where(requests_t.c.id.in_([uuid.UUID(i) for i in ids]))
-                    .where(requests_t.c.published_at.is_(None))
+                    .where(requests_t.c.id.in_(unmarked))
                     .values(published_at=from_epoch(at))
                 )
 

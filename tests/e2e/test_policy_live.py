@@ -23,6 +23,7 @@ from tests.support import keys
 from tests.support.live import db_rows, wait_terminal
 
 ECHO = "echo-100ms"
+SLOW = "echo-slow"  # 1 s batches
 
 
 def received_at(result: dict[str, object]) -> float:
@@ -104,17 +105,20 @@ async def backlog_published(stack: Stack, model: str, at_least: int) -> None:
 async def test_a_hopeless_deadline_is_refused_at_admission(
     stack: Stack, http: httpx.AsyncClient
 ) -> None:
-    stack.start_all({ECHO: 1})
+    # One slot of 1 s batches of 32: the backlog of 400 takes 12 s to drain, so it cannot
+    # drain below what the check needs while a busy machine is still publishing it (with the
+    # 100 ms model, 960 requests drained in 3 s and the check sometimes came too late).
+    stack.start_all({SLOW: 1})
     backlog = await open_loop(
         stack.url,
-        [0.0] * 960,
-        lambda i: {"model": ECHO, "input": f"backlog {i}"},
+        [0.0] * 400,
+        lambda i: {"model": SLOW, "input": f"backlog {i}"},
         headers=keys.auth(),
     )
-    assert len(backlog.accepted) == 960
-    await backlog_published(stack, ECHO, at_least=320)
+    assert len(backlog.accepted) == 400
+    await backlog_published(stack, SLOW, at_least=64)
     hopeless = await http.post(
-        "/v1/requests", json={"model": ECHO, "input": "now!", "timeout_s": 0.5}
+        "/v1/requests", json={"model": SLOW, "input": "now!", "timeout_s": 0.5}
     )
     assert hopeless.status_code == 503, hopeless.text
     assert hopeless.headers["content-type"].startswith("application/problem+json")
@@ -125,7 +129,7 @@ async def test_a_hopeless_deadline_is_refused_at_admission(
         problem["estimated_s"] > 0.5 and "deadline" in problem and "estimated_completion" in problem
     )
     patient = await http.post(
-        "/v1/requests", json={"model": ECHO, "input": "later", "timeout_s": 60}
+        "/v1/requests", json={"model": SLOW, "input": "later", "timeout_s": 60}
     )
     assert patient.status_code == 202
     accepted = [s.request_id for s in backlog.accepted if s.request_id] + [patient.json()["id"]]

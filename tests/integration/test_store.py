@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -254,6 +255,20 @@ async def test_committed_but_unpublished_requests_are_found(store: JobStore) -> 
     await store.mark_published([published])
     found = await store.unpublished(time.time() + 1)
     assert [m.id for m in found] == [lost]
+
+
+async def test_marking_published_skips_a_row_another_transaction_holds(database_url: str) -> None:
+    """A claim or a result write holding a row must not make the mark wait: waiting on rows
+    they lock in another order was a deadlock (seen in the rolling-restart chaos test)."""
+    engine = create_engine(database_url, pool_size=2)
+    store = JobStore(engine)
+    held, free = await submit(store, command("held"), command("free"))
+    with psycopg.connect(database_url.replace("+psycopg", "")) as other:
+        other.execute("SELECT id FROM requests WHERE id = %s FOR UPDATE", (uuid.UUID(held),))
+        await asyncio.wait_for(store.mark_published([held, free]), timeout=5.0)
+    unmarked = {m.id for m in await store.unpublished(time.time() + 1)}
+    assert unmarked == {held}  # the held row stays for maintenance to publish again
+    await engine.dispose()
 
 
 async def terminal_events(store: JobStore) -> dict[str, list[str]]:
