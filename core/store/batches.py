@@ -74,9 +74,7 @@ _STARTED = _TAKE_LEASE.cte("started")
 _START = select(
     _STARTED.c.attempt,
     _STARTED.c.isolation_group,
-    select(func.array_agg(requests_t.c.id))
-    .where(requests_t.c.batch_id == bindparam("batch"), requests_t.c.state == S.RUNNING.value)
-    .scalar_subquery(),
+    _LIVE_MEMBERS.with_only_columns(func.array_agg(requests_t.c.id)).scalar_subquery(),
 )
 
 

@@ -67,8 +67,9 @@ async def test_live_mean_batch_matches_the_simulator(
         if float(b[2]) - float(a[3]) < 0.05
     ]
     turnaround_s = statistics.median(gaps) if gaps else 0.0
-    cycles = iter([float(r[3]) - float(r[2]) + turnaround_s for r in window])
-    median_cycle_s = statistics.median(float(r[3]) - float(r[2]) for r in window) + turnaround_s
+    live_cycles_s = [float(r[3]) - float(r[2]) + turnaround_s for r in window]
+    median_cycle_s = statistics.median(live_cycles_s)
+    cycles = iter(live_cycles_s)
     spec = load_registry(TEST_MODELS).get(ECHO)
     assert spec is not None
     arrivals = [Arrival(received_at(r), request_id) for request_id, r in results.items()]
