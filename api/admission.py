@@ -71,10 +71,22 @@ class Admitter:
             asyncio.create_task(self._mark_published_forever()),
         ]
 
-    async def stop(self) -> None:
-        """Finish what is admitted, then stop."""
-        while self._waiting or self._flushes:
+    async def stop(self, timeout_s: float = 15.0) -> None:
+        """Finish what is admitted, then stop. A flush still running after ``timeout_s`` is
+        left to its fate: its rows are committed or not, and maintenance publishes the former."""
+        give_up = time.monotonic() + timeout_s
+        while (self._waiting or self._flushes) and time.monotonic() < give_up:
             await asyncio.sleep(0.01)
+        if self._waiting or self._flushes:
+            log.warning(
+                "admitter_stop_timeout waiting=%d flushes=%d",
+                len(self._waiting),
+                len(self._flushes),
+            )
+            for flush in list(self._flushes):
+                flush.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await flush
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -135,7 +147,9 @@ class Admitter:
             os._exit(3)  # test fault: die between commit and publish
         new = [o for o in outcomes if isinstance(o, Admission) and o.message is not None]
         _observe_admitted(new)
-        await self._publish([o.message for o in new if o.message is not None])
+        # Committed is accepted: each caller hears now, and the publish follows while this flush
+        # still holds its slot (so a slow broker still slows admission). A publish that never
+        # completes costs latency, not the request: maintenance publishes what stays unmarked.
         for (_, future), outcome in zip(group, outcomes, strict=True):
             if future.done():
                 continue
@@ -143,16 +157,17 @@ class Admitter:
                 future.set_exception(outcome)
             else:
                 future.set_result(outcome)
+        await self._publish([o.message for o in new if o.message is not None])
 
     async def _publish(self, messages: list[QueueMessage]) -> None:
         if not messages:
             return
         try:
             await self._queue.publish(messages)
-        except Unavailable as error:
-            if self.broker_healthy:
+        except Exception as error:  # whatever failed, maintenance publishes them later
+            if self.broker_healthy or not isinstance(error, Unavailable):
                 log.warning(
-                    "publish_failed count=%d error=%s (maintenance republishes)",
+                    "publish_failed count=%d error=%r (maintenance republishes)",
                     len(messages),
                     error,
                 )

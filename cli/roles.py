@@ -140,5 +140,9 @@ def run_api(settings: Settings, host: str, port: int) -> None:
         loop="asyncio",
         http="httptools",
         timeout_graceful_shutdown=10,
+        # An idle connection is kept longer than clients keep theirs (httpx 5 s, aiohttp 15 s,
+        # proxies 60 s), so the client closes it first: a server closing at the very moment a
+        # client sends on it resets that request, which reached no handler and gets no answer.
+        timeout_keep_alive=75,
     )
     uvicorn.Server(config).run()

@@ -231,12 +231,14 @@ class RabbitRequestQueue(RequestQueue):
         if not messages:
             return
         try:
-            channel = await self._channel()
-            exchange = channel.default_exchange
-            for name in {requests_queue_name(self._prefix, m.model, m.lane) for m in messages}:
-                await self.declare(channel, name)
-            await asyncio.wait_for(
-                asyncio.gather(
+            # One bound for all of it: a channel being reopened or a declare waits as long as
+            # the confirms may.
+            async with asyncio.timeout(self._publish_timeout_s):
+                channel = await self._channel()
+                exchange = channel.default_exchange
+                for name in {requests_queue_name(self._prefix, m.model, m.lane) for m in messages}:
+                    await self.declare(channel, name)
+                await asyncio.gather(
                     *(
                         exchange.publish(
                             aio_pika.Message(
@@ -249,9 +251,7 @@ class RabbitRequestQueue(RequestQueue):
                         )
                         for routing_key, first_id, body in self._bodies(messages)
                     )
-                ),
-                timeout=self._publish_timeout_s,
-            )
+                )
         except Unavailable:
             raise
         except (TimeoutError, AMQPError, OSError, RuntimeError) as error:

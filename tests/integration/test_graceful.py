@@ -107,3 +107,31 @@ async def test_the_admitter_commits_and_publishes_everything_it_took_before_stop
     assert await adapters.store.unpublished(time.time() + 60) == []
     depth = await adapters.queue.depth(ECHO, Lane.INTERACTIVE)
     assert depth == 50
+
+
+class StuckQueue:
+    """A broker whose publish never completes (a channel that never reopens, confirms that
+    never come): what the admitter must not make its callers wait on."""
+
+    def __init__(self) -> None:
+        self.published = asyncio.Event()
+
+    async def publish(self, messages: object) -> None:
+        self.published.set()
+        await asyncio.Event().wait()
+
+
+async def test_a_committed_submit_is_answered_while_its_publish_hangs(adapters: Adapters) -> None:
+    queue = StuckQueue()
+    admitter = Admitter(adapters.store, queue)  # type: ignore[arg-type]
+    admitter.start()
+    admitted = await asyncio.wait_for(admitter.submit(command("stuck broker")), timeout=10)
+    await asyncio.wait_for(queue.published.wait(), timeout=10)
+    # Committed and answered, not marked published: maintenance publishes it.
+    assert (await adapters.store.get(admitted.record.id, "t1")) is not None
+    unpublished = await adapters.store.unpublished(time.time() + 60)
+    assert str(admitted.record.id) in {u.id for u in unpublished}
+    # Stopping does not wait for the hung publish longer than its bound.
+    started = time.monotonic()
+    await admitter.stop(timeout_s=0.5)
+    assert time.monotonic() - started < 5
