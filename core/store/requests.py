@@ -12,7 +12,7 @@ from sqlalchemy import func, select, text, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from core.db import transaction
+from core.db import autocommit, transaction
 from core.domain import (
     ErrorCode,
     QueueMessage,
@@ -160,14 +160,18 @@ class RequestVerbs(StoreBase):
         groups = [(ids, at) for ids, at in groups if ids]
         if not groups:
             return
+        if self._postgres:  # every group in one statement of constant text
+            ids = [uuid.UUID(i) for group, _ in groups for i in group]
+            ats = [from_epoch(at) for group, at in groups for _ in group]
+            async with autocommit(self.engine) as conn:
+                await conn.execute(_MARK_PUBLISHED_PG, {"ids": ids, "ats": ats})
+            return
         async with transaction(self.engine) as conn:
-            for ids, at in groups:
+            for group, at in groups:
                 unmarked = select(requests_t.c.id).where(
-                    requests_t.c.id.in_([uuid.UUID(i) for i in ids]),
+                    requests_t.c.id.in_([uuid.UUID(i) for i in group]),
                     requests_t.c.published_at.is_(None),
                 )
-                if self._postgres:
-                    unmarked = unmarked.with_for_update(skip_locked=True)
                 await conn.execute(
                     update(requests_t)
                     .where(requests_t.c.id.in_(unmarked))
@@ -398,6 +402,17 @@ _INSERT_UNNEST_PG = text(
     + ") SELECT * FROM unnest("
     + ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in _UNNEST_INSERT_COLUMNS)
     + ") ON CONFLICT (tenant, idempotency_key) DO NOTHING RETURNING id"
+)
+
+
+# The rows to mark are locked with SKIP LOCKED first (see mark_published_groups); an id given
+# twice gets one of its times.
+_MARK_PUBLISHED_PG = text(
+    "UPDATE requests AS r SET published_at = m.at"
+    " FROM unnest(CAST(:ids AS uuid[]), CAST(:ats AS timestamptz[])) AS m(id, at)"
+    " WHERE r.id = m.id AND r.id IN ("
+    "SELECT id FROM requests WHERE id = ANY(CAST(:ids AS uuid[])) AND published_at IS NULL"
+    " FOR UPDATE SKIP LOCKED)"
 )
 
 

@@ -257,6 +257,20 @@ async def test_committed_but_unpublished_requests_are_found(store: JobStore) -> 
     assert [m.id for m in found] == [lost]
 
 
+async def test_groups_marked_published_together_keep_their_own_times(store: JobStore) -> None:
+    first, second, never = await submit(store, command("1"), command("2"), command("n"))
+    await store.mark_published_groups([([first], 1_000_000.0), ([second], 2_000_000.0)])
+    await store.mark_published_groups([([first], 3_000_000.0)])  # marked already: kept
+    from sqlalchemy import select
+
+    from core.tables import requests_table
+
+    async with store.engine.connect() as conn:
+        rows = await conn.execute(select(requests_table.c.id, requests_table.c.published_at))
+        marked = {str(i): at.timestamp() if at else None for i, at in rows}
+    assert marked == {first: 1_000_000.0, second: 2_000_000.0, never: None}
+
+
 async def test_marking_published_skips_a_row_another_transaction_holds(database_url: str) -> None:
     """A claim or a result write holding a row must not make the mark wait: waiting on rows
     they lock in another order was a deadlock (seen in the rolling-restart chaos test)."""
