@@ -73,7 +73,7 @@ class Admitter:
 
     async def stop(self, timeout_s: float = 15.0) -> None:
         """Finish what is admitted, then stop. A flush still running after ``timeout_s`` is
-        left to its fate: its rows are committed or not, and maintenance publishes the former."""
+        cancelled: its rows are committed or not, and maintenance publishes the former."""
         give_up = time.monotonic() + timeout_s
         while (self._waiting or self._flushes) and time.monotonic() < give_up:
             await asyncio.sleep(0.01)

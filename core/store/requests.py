@@ -168,13 +168,10 @@ class RequestVerbs(StoreBase):
             return
         async with transaction(self.engine) as conn:
             for group, at in groups:
-                unmarked = select(requests_t.c.id).where(
-                    requests_t.c.id.in_([uuid.UUID(i) for i in group]),
-                    requests_t.c.published_at.is_(None),
-                )
                 await conn.execute(
                     update(requests_t)
-                    .where(requests_t.c.id.in_(unmarked))
+                    .where(requests_t.c.id.in_([uuid.UUID(i) for i in group]))
+                    .where(requests_t.c.published_at.is_(None))
                     .values(published_at=from_epoch(at))
                 )
 
