@@ -30,6 +30,7 @@ class OpenAIBody(BaseModel):
     top_p: float | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
+    ignore_eos: bool | None = None  # vLLM's extension
     n: int | None = None
     stream: bool | None = None
     logprobs: Any = None
@@ -56,6 +57,7 @@ class OpenAIBody(BaseModel):
             ("top_p", self.top_p),
             ("stop", self.stop),
             ("seed", self.seed),
+            ("ignore_eos", self.ignore_eos),
         ):
             if value is not None:
                 params[name] = value

@@ -32,6 +32,9 @@ class GenerationParams(Strict):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stop: Annotated[list[StopText], Field(max_length=MAX_STOP_SEQUENCES)] | StopText | None = None
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    # Generate all of max_tokens even past an end-of-sequence token (vLLM's parameter; load
+    # tests use it for answers of a known length).
+    ignore_eos: bool = False
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -153,6 +156,13 @@ class ModelOut(BaseModel):
     max_new_tokens: int
     policy: str
     description: str
+    # ``batch``: a batch runs as a unit; ``engine``: continuous batching, capacity in sequences.
+    kind: str = "batch"
+    # What the batcher believes a batch (engine models: a sequence) takes now, and where that
+    # comes from (``fixed``, ``engine-profile``, ``learned``); null without a live batcher.
+    estimate: dict[str, Any] | None = None
+    # Live capacity: slots, or an engine model's sequences and KV tokens (total and free).
+    capacity: dict[str, Any] | None = None
 
 
 class ModelList(BaseModel):

@@ -175,6 +175,7 @@ def build_command(
             "top_p": params.top_p,
             "stop": params.stop_list(),
             "seed": params.seed,
+            **({"ignore_eos": True} if params.ignore_eos else {}),
         },
         created_at=now,
         deadline=deadline or resolve_deadline(body, settings, now),

@@ -35,3 +35,28 @@ def estimate_finish(
     if ahead < max_batch_size:  # leading the queue: its batch may wait for company
         start = max(start, now + max_batch_delay_s)
     return start + batch_s
+
+
+def estimate_engine_finish(
+    *,
+    now: float,
+    ahead: int,
+    free_seqs: int,
+    capacity_seqs: int,
+    typical_s: float,
+    own_s: float,
+) -> float | None:
+    """When a request would finish on engines holding ``capacity_seqs`` sequences, ``free_seqs``
+    of them free, with ``ahead`` requests before it; ``None`` with no engine at all.
+
+    It starts at once if there is room for it after those ahead; otherwise once enough
+    sequences have finished, a whole engine's worth every ``typical_s``. Then it takes its own
+    ``own_s`` (its prompt and ``max_tokens`` at the learned speed: the same estimate the batcher
+    expires it by).
+    """
+    if capacity_seqs <= 0:
+        return None
+    if ahead < free_seqs:
+        return now + own_s
+    rounds = (ahead - free_seqs) // capacity_seqs + 1
+    return now + rounds * typical_s + own_s

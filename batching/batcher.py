@@ -15,7 +15,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -25,8 +25,20 @@ from batching.estimate import (
     BatchTimeEstimator,
     FixedBatchTime,
     LearnedBatchTime,
+    ProfiledSequenceTime,
+    SequenceCost,
+    sequence_time_limit_s,
 )
-from batching.policy import Decision, Load, Pending, PolicyConfig, decide, estimate_batch_s
+from batching.ledger import Credit, EngineLedger
+from batching.policy import (
+    Decision,
+    Load,
+    Pending,
+    PolicyConfig,
+    decide,
+    decide_engine,
+    estimate_batch_s,
+)
 from batching.rate import RateMeter
 from batching.timeline import SlotTimeline
 from core.broker import Delivery, RequestQueue
@@ -38,6 +50,7 @@ from core.domain import (
     Event,
     Lane,
     QueueMessage,
+    SequencesFreed,
 )
 from core.errors import Unavailable
 from core.events import EventBus, Subscription
@@ -45,14 +58,15 @@ from core.ids import uuid7
 from core.loadboard import LoadBoard, LoadSnapshot
 from core.metrics import metrics
 from core.slots import SlotDirectory
-from core.store import JobStore
+from core.store import ClaimedRequest, JobStore
+from models.plugins import plugin_for
 from models.registry import ModelSpec
 
 log = logging.getLogger("batchserve.batcher")
 
 
 class Dispatcher(Protocol):
-    async def dispatch(self, message: BatchMessage, time_limit_s: float) -> None:
+    async def dispatch(self, message: BatchMessage, time_limit_s: float | None) -> None:
         """Hand a claimed batch to a worker; raises :class:`Unavailable` if it cannot."""
         ...
 
@@ -101,12 +115,15 @@ def policy_config(spec: ModelSpec) -> PolicyConfig:
 
 
 def estimator_for(spec: ModelSpec) -> BatchTimeEstimator:
-    """The fixed backends take their configured time; real models learn theirs, starting from
-    ``batch_time_ms`` as the prior."""
-    prior = FixedBatchTime(spec.batch_time_ms / 1000.0)
-    if spec.backend in ("fixed", "faulty"):
-        return prior
-    return LearnedBatchTime(prior)
+    """The seeds' weightless backends take their configured time. Real models learn theirs
+    from what workers report: an engine model the time of each sequence, starting from the
+    speed its engines measured at start-up; a batch model the time of each batch, starting
+    from ``batch_time_ms``."""
+    plugin = plugin_for(spec)
+    fixed = FixedBatchTime(spec.batch_time_ms / 1000.0)
+    if plugin.kind == "engine":
+        return LearnedBatchTime(ProfiledSequenceTime(fallback=fixed))
+    return LearnedBatchTime(fixed) if plugin.holds_weights else fixed
 
 
 def _earliest(a: float, b: float | None) -> float:
@@ -118,7 +135,19 @@ def time_limit_s(estimated_s: float) -> float:
     return max(10.0 * estimated_s, estimated_s + 10.0)
 
 
+@dataclass(slots=True)
+class _Job:
+    """A background job of the batcher, due every ``period_s``."""
+
+    period_s: float
+    run: Callable[[], Awaitable[None]]
+    due_at: float = 0.0
+
+
 class ModelBatcher:
+    """One model's batcher. Each role can be stepped: :meth:`step` decides once at ``now``,
+    :meth:`run_due` runs the background jobs due at ``now``; :meth:`run` loops both."""
+
     def __init__(
         self,
         spec: ModelSpec,
@@ -135,6 +164,7 @@ class ModelBatcher:
     ) -> None:
         self.spec = spec
         self.policy = policy_config(spec)
+        self.engine = plugin_for(spec).kind == "engine"
         self.estimator = estimator or estimator_for(spec)
         self.config = config or BatcherConfig()
         self._store = store
@@ -145,7 +175,9 @@ class ModelBatcher:
         self._loadboard = loadboard
         self._clock = clock
         self.pending: dict[str, _Entry] = {}
+        # Batch models: which worker slots are busy until when. Engine models: what is out.
         self.slots = SlotTimeline(lead_s=self.config.pipeline_lead_s)
+        self.ledger = EngineLedger()
         # A batch queued behind another at its worker starts this soon after that one ends.
         self._pickup_s = 0.005
         self.rate = RateMeter(self.config.rate_tau_s)
@@ -158,9 +190,20 @@ class ModelBatcher:
         self._recently_closed: dict[uuid.UUID, float] = {}
         self._claiming: set[uuid.UUID] = set()  # claimed, not yet on the timeline
         self._learned_until: float | None = None
-        self.num_dispatched = 0
         self.weights: dict[str, float] = {}  # tenant -> fair-share weight, from the store
         self._hold_until = float("-inf")
+        self._next_due = 0.0
+        cfg = self.config
+        self._jobs = [
+            _Job(cfg.slot_refresh_s, self._refresh_slots),
+            _Job(cfg.reconcile_s, self._reconcile),
+            _Job(cfg.queue_depth_s, self._refresh_queue_depth),
+            _Job(cfg.weights_s, self._refresh_weights),
+        ]
+        if isinstance(self.estimator, LearnedBatchTime):
+            self._jobs.append(_Job(cfg.learn_s, self._learn))
+        if loadboard is not None:
+            self._jobs.append(_Job(cfg.publish_load_s, self._publish_load))
 
     # -- inputs ----------------------------------------------------------------------------
 
@@ -193,23 +236,34 @@ class ModelBatcher:
         self._wake.set()
 
     def on_event(self, event: Event) -> None:
+        if isinstance(event, SequencesFreed) and event.model == self.spec.name:
+            if self.ledger.release(uuid.UUID(event.batch_id), event.request_ids):
+                self._wake.set()
+            return
         if not isinstance(event, BatchClosed) or event.model != self.spec.name:
             return
         batch_id = uuid.UUID(event.batch_id)
         now = self._clock()
         self._recently_closed[batch_id] = now
-        if self.slots.release(batch_id, now, self._typical_batch_s() + self._pickup_s):
+        if self.engine:
+            freed = self.ledger.close(batch_id)
+        else:
+            freed = self.slots.release(batch_id, now, self._typical_batch_s() + self._pickup_s)
+        if freed:
             self._wake.set()
 
     # -- the loop --------------------------------------------------------------------------
 
     async def start(self) -> None:
         now = self._clock()
-        for batch_id, _lease in await self._store.open_batches(self.spec.name):
-            # A previous batcher's batches still hold their slots.
-            self.slots.assign(batch_id, now, self._typical_batch_s())
+        if not self.engine:
+            for batch_id, _lease in await self._store.open_batches(self.spec.name):
+                # A previous batcher's batches still hold their slots.
+                self.slots.assign(batch_id, now, self._typical_batch_s())
         self._subscription = self._events.subscribe(self.on_event, on_reconnect=self._wake.set)
         await self._refresh_slots()
+        if self.engine:
+            await self._reconcile()
         with contextlib.suppress(Unavailable):
             await self._refresh_weights()
         cfg = self.config
@@ -217,19 +271,13 @@ class ModelBatcher:
             self.spec.name, Lane.INTERACTIVE, self.on_message, cfg.interactive_prefetch
         )
         await self._queue.consume(self.spec.name, Lane.BULK, self.on_message, cfg.bulk_prefetch)
-        self._tasks = [
-            asyncio.create_task(self._every(cfg.slot_refresh_s, self._refresh_slots)),
-            asyncio.create_task(self._every(cfg.reconcile_s, self._reconcile)),
-            asyncio.create_task(self._every(cfg.queue_depth_s, self._refresh_queue_depth)),
-            asyncio.create_task(self._every(cfg.weights_s, self._refresh_weights)),
-        ]
-        if self._loadboard is not None:
-            self._tasks.append(
-                asyncio.create_task(self._every(cfg.publish_load_s, self._publish_load))
-            )
+        for job in self._jobs:
+            job.due_at = now + job.period_s
+        self._tasks = [asyncio.create_task(self._background())]
         log.info(
-            "batcher_started model=%s policy=%s max_batch_size=%d inflight=%d",
+            "batcher_started model=%s kind=%s policy=%s max_batch_size=%d inflight=%d",
             self.spec.name,
+            "engine" if self.engine else "batch",
             self.policy.kind,
             self.policy.max_batch_size,
             len(self.slots),
@@ -243,40 +291,68 @@ class ModelBatcher:
             await self.stop()
 
     async def loop(self) -> None:
-        next_due = 0.0
         while not self._stopping:
             self._wake.clear()  # before deciding: a wake-up during the decision is not lost
             now = self._clock()
-            free_slots = self.slots.free_slots(now)
-            if now < self._hold_until:
-                timeout: float | None = self._hold_until - now
-            elif free_slots == 0 and now < next_due:
-                # Nothing can leave without a slot; arrivals only wait. Expiry is due at
-                # next_due, a slot at the timeline's next free time.
-                due = _earliest(next_due, self.slots.next_free_at(now))
-                timeout = None if math.isinf(due) else max(0.0, due - now)
-            else:
-                decision = decide(
-                    [e.pending for e in self.pending.values()],
-                    now,
-                    free_slots,
-                    self.policy,
-                    self.estimator,
-                    self.load(now),
-                )
-                try:
-                    await self._apply(decision, now)
-                except Unavailable as error:
-                    log.warning("batcher_backoff model=%s error=%s", self.spec.name, error)
-                    await asyncio.sleep(0.5)
-                    continue
-                if decision.batches:
-                    continue  # state changed: decide again before sleeping
-                next_due = float("inf") if decision.wake_at is None else decision.wake_at
-                due = _earliest(next_due, self.slots.next_free_at(now) if free_slots == 0 else None)
-                timeout = None if math.isinf(due) else max(0.0, due - now)
+            try:
+                due = await self.step(now)
+            except Unavailable as error:
+                log.warning("batcher_backoff model=%s error=%s", self.spec.name, error)
+                await asyncio.sleep(0.5)
+                continue
+            if due is not None and due <= now:
+                continue  # state changed: decide again before sleeping
+            timeout = None if due is None else due - now
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+
+    async def step(self, now: float) -> float | None:
+        """Decide once at ``now`` and carry it out. Returns when to decide again if nothing
+        arrives first (``now``: at once; ``None``: only an arrival or a freed slot can change
+        the answer)."""
+        if now < self._hold_until:
+            return self._hold_until
+        if self.engine:
+            return await self._step_engine(now)
+        free_slots = self.slots.free_slots(now)
+        if free_slots == 0 and now < self._next_due:
+            # Nothing can leave without a slot; arrivals only wait. Expiry is due at
+            # next_due, a slot at the timeline's next free time.
+            return _finite(_earliest(self._next_due, self.slots.next_free_at(now)))
+        decision = decide(
+            [e.pending for e in self.pending.values()],
+            now,
+            free_slots,
+            self.policy,
+            self.estimator,
+            self.load(now),
+        )
+        await self._apply(decision, now)
+        if decision.batches:
+            return now
+        self._next_due = float("inf") if decision.wake_at is None else decision.wake_at
+        return _finite(
+            _earliest(self._next_due, self.slots.next_free_at(now) if free_slots == 0 else None)
+        )
+
+    async def _step_engine(self, now: float) -> float | None:
+        free = self.ledger.free()
+        if free.seqs == 0 and now < self._next_due:
+            return _finite(self._next_due)  # nothing fits until room frees or expiry is due
+        decision = decide_engine(
+            [e.pending for e in self.pending.values()],
+            now,
+            free,
+            self.policy,
+            self.estimator,
+            self.load(now),
+            cost=lambda p: self.ledger.cost(p.prompt_tokens, p.max_tokens),
+        )
+        await self._apply(decision, now)
+        if decision.batches:
+            return now
+        self._next_due = float("inf") if decision.wake_at is None else decision.wake_at
+        return _finite(self._next_due)
 
     def load(self, now: float) -> Load:
         return Load(
@@ -287,11 +363,12 @@ class ModelBatcher:
         )
 
     def _typical_batch_s(self) -> float:
-        """The estimate for a full batch of requests shaped like those waiting now."""
+        """The estimate for a full batch (an engine model: one sequence) of requests shaped
+        like those waiting now."""
         waiting = [e.pending for e in self.pending.values()] or [
             Pending(id="", arrived_at=0.0, deadline=0.0, prompt_tokens=100, max_tokens=256)
         ]
-        size = self.policy.max_batch_size
+        size = 1 if self.engine else self.policy.max_batch_size
         prompt = sum(p.prompt_tokens for p in waiting) / len(waiting)
         longest = max(p.max_tokens for p in waiting)
         return self.estimator.batch_s(BatchShape(size, round(prompt * size), longest))
@@ -353,40 +430,35 @@ class ModelBatcher:
                 lease_until=now + estimated_s + self.config.dispatch_grace_s,
                 isolation_group=batch[0].group,
             )
+            ids = [p.id for p in batch]
+            if not claimed:  # all cancelled, expired or already running (a duplicate message)
+                await self._settle(ids)
+                return
+            message = self._message(batch_id, now, estimated_s, claimed)
+            if self.engine:
+                self.ledger.take(
+                    batch_id,
+                    {
+                        c.id: self.ledger.cost(p.prompt_tokens, p.max_tokens)
+                        for c in claimed
+                        if (p := self.pending[c.id].pending)
+                    },
+                )
+            else:
+                self.slots.assign(batch_id, now, estimated_s + self.config.dispatch_overhead_s)
         finally:
             self._claiming.discard(batch_id)
-        ids = [p.id for p in batch]
-        if not claimed:  # all cancelled, expired or already running (a duplicate message)
-            await self._settle(ids)
-            return
-        message = BatchMessage(
-            batch_id=str(batch_id),
-            model=self.spec.name,
-            dispatched_at=now,
-            estimated_s=estimated_s,
-            items=tuple(
-                BatchItem(
-                    request_id=c.id,
-                    input=c.input,
-                    messages=c.messages,
-                    params=c.params,
-                    created_at=c.created_at,
-                    received_at=self.pending[c.id].received_at,
-                )
-                for c in claimed
-            ),
-        )
-        self.slots.assign(batch_id, now, estimated_s + self.config.dispatch_overhead_s)
         self.last_dispatch_at = now
         try:
-            await self._dispatcher.dispatch(
-                message, self.spec.time_limit_s or time_limit_s(estimated_s)
-            )
+            await self._dispatcher.dispatch(message, self._time_limit_s(estimated_s))
         except Unavailable as error:
             # Claimed but not handed over: put the members back ourselves rather than wait
             # for the dispatch lease to run out.
             log.warning("dispatch_failed batch_id=%s error=%s", batch_id, error)
-            self.slots.release(batch_id, self._clock())
+            if self.engine:
+                self.ledger.close(batch_id)
+            else:
+                self.slots.release(batch_id, self._clock())
             reaped = await self._store.reap_batch(
                 batch_id, now=self._clock(), outcome=BatchOutcome.ABANDONED
             )
@@ -394,15 +466,51 @@ class ModelBatcher:
                 await self._queue.publish(reaped.requeued)
         else:
             self._observe_dispatch(message)
-        self.num_dispatched += 1
         log.info(
-            "batch_dispatched model=%s batch_id=%s size=%d free_after=%d",
+            "batch_dispatched model=%s batch_id=%s size=%d free_after=%s",
             self.spec.name,
             batch_id,
             len(claimed),
-            self.slots.free_slots(self._clock()),
+            self.ledger.free().seqs if self.engine else self.slots.free_slots(self._clock()),
         )
         await self._settle(ids)
+
+    def _message(
+        self, batch_id: uuid.UUID, now: float, estimated_s: float, claimed: list[ClaimedRequest]
+    ) -> BatchMessage:
+        items = []
+        for c in claimed:
+            entry = self.pending[c.id]
+            time_limit = None
+            if self.engine:  # each sequence's own limit: its shape at the learned speed
+                alone_s = estimate_batch_s((entry.pending,), self.estimator)
+                time_limit = sequence_time_limit_s(alone_s)
+            items.append(
+                BatchItem(
+                    request_id=c.id,
+                    input=c.input,
+                    messages=c.messages,
+                    params=c.params,
+                    created_at=c.created_at,
+                    received_at=entry.received_at,
+                    deadline=entry.pending.deadline if self.engine else None,
+                    time_limit_s=time_limit,
+                )
+            )
+        return BatchMessage(
+            batch_id=str(batch_id),
+            model=self.spec.name,
+            dispatched_at=now,
+            estimated_s=estimated_s,
+            items=tuple(items),
+        )
+
+    def _time_limit_s(self, estimated_s: float) -> float | None:
+        """The worker-side kill limit of a batch task. An engine task only hands its batch to
+        the engine (each sequence has its own limit), so it has none."""
+        if self.engine:
+            return None
+        return self.spec.time_limit_s or time_limit_s(estimated_s)
 
     def _observe_dispatch(self, message: BatchMessage) -> None:
         """Batch size and fill, and each member's waits (the same spans as its timings)."""
@@ -432,29 +540,66 @@ class ModelBatcher:
 
     # -- background ------------------------------------------------------------------------
 
-    async def _every(self, period_s: float, job: Callable[[], object]) -> None:
-        while True:
-            await asyncio.sleep(period_s)
+    async def run_due(self, now: float) -> float:
+        """Run every background job due at ``now``; returns when the next one is due."""
+        for job in self._jobs:
+            if job.due_at > now:
+                continue
+            job.due_at = now + job.period_s
             try:
-                await job()  # type: ignore[misc]
+                await job.run()
             except Unavailable as error:
                 log.debug("background_unavailable error=%s", error)
             except Exception:
                 log.exception("batcher_background_failed model=%s", self.spec.name)
+        return min(job.due_at for job in self._jobs)
+
+    async def _background(self) -> None:
+        while True:
+            due = await self.run_due(self._clock())
+            await asyncio.sleep(max(0.0, due - self._clock()))
 
     async def _refresh_slots(self) -> None:
-        total = await self._slots.total_slots(self.spec.name, self._clock())
-        if total is not None and total != self.slots.capacity:
-            log.info("slots_changed model=%s total=%d", self.spec.name, total)
-            grew = total > self.slots.capacity
-            self.slots.resize(total)
+        found = await self._slots.capacity(self.spec.name, self._clock())
+        if found is None:
+            return
+        if self.engine:
+            self._refresh_engines(found.units, found.tokens, found.profile)
+            return
+        if found.units != self.slots.capacity:
+            log.info("slots_changed model=%s total=%d", self.spec.name, found.units)
+            grew = found.units > self.slots.capacity
+            self.slots.resize(found.units)
             if grew:
                 self._wake.set()
 
+    def _refresh_engines(self, seqs: int, tokens: int, profile: dict[str, float] | None) -> None:
+        capacity = Credit(seqs, tokens)
+        if capacity != self.ledger.capacity:
+            log.info("capacity_changed model=%s seqs=%d tokens=%d", self.spec.name, seqs, tokens)
+            grew = seqs > self.ledger.capacity.seqs or tokens > self.ledger.capacity.tokens
+            self.ledger.resize(capacity)
+            if grew:
+                self._wake.set()
+        prior = self._sequence_prior()
+        if profile and prior is not None:
+            prior.set_profile(
+                float(profile["prefill_tokens_per_s"]), float(profile["decode_step_s"])
+            )
+
+    def _sequence_prior(self) -> ProfiledSequenceTime | None:
+        estimator = self.estimator
+        if isinstance(estimator, LearnedBatchTime):
+            estimator = estimator.prior
+        return estimator if isinstance(estimator, ProfiledSequenceTime) else None
+
     async def _reconcile(self) -> None:
-        """Make the slot timeline match Postgres: free slots whose batch-closed event was
-        missed (Redis down, batch reaped) and count batches another batcher dispatched (after a
-        standby takes over)."""
+        """Make the slot timeline (or the engine ledger) match Postgres: free what a missed
+        event would have freed (Redis down, batch reaped) and count what another batcher
+        dispatched (after a standby takes over)."""
+        if self.engine:
+            await self._reconcile_engine()
+            return
         started = self._clock()
         known = self.slots.batches()
         open_now = {batch_id for batch_id, _ in await self._store.open_batches(self.spec.name)}
@@ -465,10 +610,27 @@ class ModelBatcher:
         unknown = open_now - self.slots.batches() - self._recently_closed.keys() - self._claiming
         for batch_id in unknown:
             self.slots.assign(batch_id, started, self._typical_batch_s())
-        horizon = started - 60.0
-        self._recently_closed = {b: t for b, t in self._recently_closed.items() if t > horizon}
+        self._forget_closed(started)
         if freed:
             self._wake.set()
+
+    async def _reconcile_engine(self) -> None:
+        started = self._clock()
+        before = self.ledger.batches()
+        running: dict[uuid.UUID, dict[str, int]] = {}
+        for batch_id, request_id, prompt, max_tokens in await self._store.running_members(
+            self.spec.name
+        ):
+            running.setdefault(batch_id, {})[request_id] = self.ledger.cost(prompt, max_tokens)
+        # Dispatched while the query ran, or closed since: the events are newer than it.
+        keep = (self.ledger.batches() - before) | self._claiming | self._recently_closed.keys()
+        if self.ledger.sync(running, keep):
+            self._wake.set()
+        self._forget_closed(started)
+
+    def _forget_closed(self, now: float) -> None:
+        horizon = now - 60.0
+        self._recently_closed = {b: t for b, t in self._recently_closed.items() if t > horizon}
 
     async def _refresh_weights(self) -> None:
         self.weights = await self._store.tenant_weights()
@@ -482,17 +644,25 @@ class ModelBatcher:
     async def _publish_load(self) -> None:
         assert self._loadboard is not None
         now = self._clock()
-        busy = sorted(self.slots.busy_until(now))
-        idle = max(0, self.slots.capacity - len(busy))
         by_lane = {Lane.INTERACTIVE: 0, Lane.BULK: 0}
         for entry in self.pending.values():
             by_lane[entry.pending.lane] += 1
+        if self.engine:
+            capacity, free = self.ledger.capacity, self.ledger.free()
+            slots = capacity.seqs
+            slot_free_at: tuple[float, ...] = ()
+        else:
+            busy = sorted(self.slots.busy_until(now))
+            idle = max(0, self.slots.capacity - len(busy))
+            slots = self.slots.capacity
+            slot_free_at = tuple([now] * idle + busy[: self.slots.capacity])
+            free = Credit(0, 0)
         await self._loadboard.publish(
             LoadSnapshot(
                 model=self.spec.name,
                 at=now,
-                slots=self.slots.capacity,
-                slot_free_at=tuple([now] * idle + busy[: self.slots.capacity]),
+                slots=slots,
+                slot_free_at=slot_free_at,
                 pending_interactive=by_lane[Lane.INTERACTIVE],
                 pending_bulk=by_lane[Lane.BULK],
                 queued_interactive=self._queued[Lane.INTERACTIVE],
@@ -501,15 +671,62 @@ class ModelBatcher:
                 max_batch_size=self.policy.max_batch_size,
                 max_batch_delay_s=min(self.policy.max_batch_delay_s, self._typical_batch_s()),
                 arrival_rate=self.rate.rate(now),
+                kind="engine" if self.engine else "batch",
+                free_seqs=free.seqs,
+                free_tokens=free.tokens,
+                capacity_tokens=self.ledger.capacity.tokens if self.engine else 0,
+                estimate=self.estimate(),
             )
         )
 
+    def estimate(self) -> dict[str, object]:
+        """What the batcher currently believes a batch (engine models: a sequence) takes,
+        and where that belief comes from; shown by ``GET /v1/models`` and ``status``."""
+        estimator = self.estimator
+        learned = isinstance(estimator, LearnedBatchTime) and estimator.learned
+        if learned:
+            source = "learned"
+        elif self.engine:
+            prior = self._sequence_prior()
+            source = "engine-profile" if prior is not None and prior.measured else "none"
+        else:
+            source = "fixed" if isinstance(estimator, FixedBatchTime) else "prior"
+        found: dict[str, object] = {
+            "unit": "sequence" if self.engine else "batch",
+            "source": source,
+            "observations": (
+                estimator.num_observations if isinstance(estimator, LearnedBatchTime) else 0
+            ),
+            "typical_s": round(self._typical_batch_s(), 4),
+        }
+        cost = SequenceCost.of(estimator) if self.engine else None
+        if cost is not None:
+            found.update(
+                fixed_s=cost.fixed_s,
+                per_prompt_token_s=cost.per_prompt_token_s,
+                per_token_s=cost.per_token_s,
+                floor_s=cost.floor_s,
+            )
+        return found
+
     async def _learn(self) -> None:
-        """Feed the batches workers finished since last time to the learned batch time."""
+        """Feed what workers finished since last time to the learned time: engine models
+        learn each sequence's time, batch models each batch's."""
         assert isinstance(self.estimator, LearnedBatchTime)
+        if self.engine:
+            for finished_at, prompt, generated, seconds in await self._store.finished_sequences(
+                self.spec.name, after=self._learned_until
+            ):
+                self.estimator.observe(BatchObservation(BatchShape(1, prompt, generated), seconds))
+                self._learned_until = finished_at
+            return
         rows = await self._store.finished_batches(self.spec.name, after=self._learned_until)
         for finished_at, size, prompt_tokens, max_new_tokens, seconds in rows:
             self.estimator.observe(
                 BatchObservation(BatchShape(size, prompt_tokens, max_new_tokens), seconds)
             )
             self._learned_until = finished_at
+
+
+def _finite(due: float) -> float | None:
+    return None if math.isinf(due) else due

@@ -100,3 +100,35 @@ def plan_capacity(
         recommended_workers=recommended,
         options=options,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What one typical request asks of an engine, and how fast the engine goes."""
+
+    max_num_seqs: int
+    prefill_tokens_per_s: float
+    decode_step_s: float  # one step with every sequence slot busy
+    prompt_tokens: float  # of a typical request
+    generated_tokens: float
+
+    @property
+    def engine_s_per_request(self) -> float:
+        """The engine's time one request costs: its whole prefill (which holds the engine),
+        and its share of the decode steps it rides (each step serves every sequence)."""
+        prefill_s = self.prompt_tokens / self.prefill_tokens_per_s
+        return prefill_s + self.generated_tokens * self.decode_step_s / self.max_num_seqs
+
+
+def plan_engine_capacity(
+    *, rate_rps: float, load: EngineLoad, headroom: float = 0.25
+) -> CapacityPlan:
+    """Engines (continuous batching) needed for ``rate_rps``: each, kept full, finishes a
+    request every ``engine_s_per_request`` seconds. Expressed as the batch plan of an engine
+    finishing ``max_num_seqs`` requests every ``max_num_seqs x engine_s_per_request``."""
+    return plan_capacity(
+        rate_rps=rate_rps,
+        max_batch=load.max_num_seqs,
+        batch_time_s=load.max_num_seqs * load.engine_s_per_request,
+        headroom=headroom,
+    )

@@ -41,6 +41,71 @@ class FixedBatchTime:
         return self.seconds
 
 
+class ProfiledSequenceTime:
+    """An engine's measured speed as the time of one sequence: its prompt at the prefill rate,
+    then one full decode step a token (a shape of size 1 is one sequence). The prior of an
+    engine model's learned time: engines measure it when they start, and until one has, there
+    is no engine to send work to anyway (``fallback`` answers meanwhile)."""
+
+    def __init__(self, fallback: BatchTimeEstimator) -> None:
+        self.fallback = fallback
+        self.prefill_tokens_per_s: float | None = None
+        self.decode_step_s: float | None = None
+
+    def set_profile(self, prefill_tokens_per_s: float, decode_step_s: float) -> None:
+        self.prefill_tokens_per_s = max(prefill_tokens_per_s, 1e-6)
+        self.decode_step_s = max(decode_step_s, 0.0)
+
+    @property
+    def measured(self) -> bool:
+        return self.prefill_tokens_per_s is not None
+
+    def batch_s(self, shape: BatchShape) -> float:
+        if self.prefill_tokens_per_s is None or self.decode_step_s is None:
+            return self.fallback.batch_s(shape)
+        prompt_per_sequence = shape.prompt_tokens / max(1, shape.size)
+        return prompt_per_sequence / self.prefill_tokens_per_s + (
+            shape.max_new_tokens * self.decode_step_s
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceCost:
+    """One sequence's estimated seconds as ``fixed + per_prompt_token x prompt + per_token x
+    max_tokens`` (never under ``floor_s``): how the batcher's estimate travels to the API, so
+    deadline admission and the batcher's expiry compute the same number."""
+
+    fixed_s: float
+    per_prompt_token_s: float
+    per_token_s: float
+    floor_s: float = 0.0
+
+    def seconds(self, prompt_tokens: int, max_tokens: int) -> float:
+        value = self.fixed_s + self.per_prompt_token_s * prompt_tokens
+        return max(value + self.per_token_s * max_tokens, self.floor_s)
+
+    @classmethod
+    def of(cls, estimator: BatchTimeEstimator) -> SequenceCost | None:
+        """The estimator's answer for one sequence as linear terms, where it has them."""
+        if isinstance(estimator, LearnedBatchTime):
+            terms = estimator.coefficients
+            if terms is not None:
+                fixed, prompt, steps, steps_by_size = terms
+                return cls(fixed, prompt, steps + steps_by_size, estimator.floor_s)
+            estimator = estimator.prior
+        if isinstance(estimator, ProfiledSequenceTime) and estimator.measured:
+            assert estimator.prefill_tokens_per_s and estimator.decode_step_s is not None
+            return cls(0.0, 1.0 / estimator.prefill_tokens_per_s, estimator.decode_step_s)
+        return None
+
+
+def sequence_time_limit_s(estimated_s: float) -> float:
+    """Past this a sequence counts as stuck and is stopped: four times its estimate (its own
+    prompt and ``max_tokens`` at the learned speed), and at least half a minute more. A long,
+    healthy generation is estimated long, so it is never taken for a stuck one."""
+    return max(4.0 * estimated_s, estimated_s + 30.0)
+
+
 @dataclass(frozen=True, slots=True)
 class BatchObservation:
     """A batch a worker ran: its shape and how long the model took."""
@@ -89,6 +154,16 @@ class LearnedBatchTime:
     def observe_all(self, observations: Iterable[BatchObservation]) -> None:
         for observation in observations:
             self.observe(observation)
+
+    @property
+    def floor_s(self) -> float:
+        return self._floor_s
+
+    @property
+    def learned(self) -> bool:
+        """Whether the fit answers (enough batches seen), rather than the prior."""
+        self._refit()
+        return self._coefficients is not None
 
     @property
     def coefficients(self) -> tuple[float, ...] | None:

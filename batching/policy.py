@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from batching.estimate import BatchShape, BatchTimeEstimator
+from batching.ledger import Credit
 from core.domain import Lane
 
 POLICY_KINDS = ("timer", "greedy", "size-only", "adaptive")
@@ -110,6 +111,53 @@ def decide(
             remaining = [p for p in remaining if p.id not in taken]
     if wake_at is not None and math.isinf(wake_at):
         wake_at = None  # nothing but an arrival or a free slot can change the answer
+    return Decision(batches=tuple(batches), expire=tuple(expire), wake_at=wake_at)
+
+
+def decide_engine(
+    pending: Sequence[Pending],
+    now: float,
+    free: Credit,
+    config: PolicyConfig,
+    estimator: BatchTimeEstimator,
+    load: Load | None = None,
+    *,
+    cost: Callable[[Pending], int] = lambda p: p.cost_tokens,
+) -> Decision:
+    """What to send engines that have room for ``free`` more sequences and KV tokens.
+
+    An engine takes a new sequence at its next step whatever else it runs, so waiting for
+    company buys nothing: everything that fits goes now, in batches of at most
+    ``max_batch_size``, interactive before bulk and tenants by weighted fair share. A retry
+    group (members of a batch that crashed its engine) goes whole, as a batch of its own, once
+    there is room for all of it. Requests that cannot meet their deadline even if they started
+    now are expired; the rest wait for room.
+    """
+    load = load or Load()
+    expire, alive, wake_at = _split_unmeetable(pending, now, estimator)
+    seqs, tokens = free.seqs, free.tokens
+    batches: list[tuple[Pending, ...]] = []
+    for group in _groups_in_order(alive, ()):
+        if group[0].group is not None:
+            need = sum(cost(p) for p in group)
+            if len(group) > seqs or need > tokens:
+                break  # the oldest work first: nothing overtakes a waiting retry group
+            batches.append(tuple(group))
+            seqs, tokens = seqs - len(group), tokens - need
+            continue
+        batch: list[Pending] = []
+        for p in fair_order(group, load.weights):
+            if seqs <= 0:
+                break
+            if cost(p) > tokens:
+                continue  # a smaller one behind it may still fit
+            batch.append(p)
+            seqs, tokens = seqs - 1, tokens - cost(p)
+            if len(batch) == config.max_batch_size:
+                batches.append(tuple(batch))
+                batch = []
+        if batch:
+            batches.append(tuple(batch))
     return Decision(batches=tuple(batches), expire=tuple(expire), wake_at=wake_at)
 
 

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from batching.capacity import plan_capacity
+from batching.capacity import CapacityPlan, EngineLoad, plan_capacity, plan_engine_capacity
 from batching.scenarios import SweepRow, adaptive_verdict, seed_exercises, sweep
 
 console = Console(width=120)
@@ -170,15 +171,15 @@ def capacity(
 ) -> None:
     """Worker count from rate, batch size, batch time and headroom."""
     measured: dict[str, object] = {}
+    engine_plan: CapacityPlan | None = None
     if model is not None:
-        max_batch, batch_time_ms, measured = measured_batch_time(model)
+        engine_plan, measured = measured_engine_plan(model, rate, headroom)
+        if engine_plan is None:
+            max_batch, batch_time_ms, measured = measured_batch_time(model)
         if not as_json:
-            console.print(
-                f"{model}: {measured['batches']} measured batches; a full batch of the typical "
-                f"shape takes {batch_time_ms:.0f} ms (fitted)"
-            )
+            console.print(_measured_line(model, measured, batch_time_ms))
     try:
-        plan = plan_capacity(
+        plan = engine_plan or plan_capacity(
             rate_rps=rate,
             max_batch=max_batch,
             batch_time_s=batch_time_ms / 1000.0,
@@ -228,6 +229,84 @@ def capacity(
         table.add_row(str(o.workers), f"{o.capacity_rps:.0f}", f"{o.utilization:.1%}", note)
     console.print(table)
     console.print(plan.explain())
+
+
+def _measured_line(model: str, measured: dict[str, object], batch_time_ms: float) -> str:
+    if "requests" in measured:
+        return (
+            f"{model}: an engine of {measured['max_num_seqs']} sequences; "
+            f"{measured['requests']} finished requests, typically "
+            f"{measured['typical_prompt_tokens']:.0f} prompt and "
+            f"{measured['typical_generated_tokens']:.0f} generated tokens; the engine measured "
+            f"{measured['prefill_tokens_per_s']:.0f} prefill tokens/s and "
+            f"{float(str(measured['decode_step_s'])) * 1000:.0f} ms a full decode step"
+        )
+    return (
+        f"{model}: {measured['batches']} measured batches; a full batch of the typical "
+        f"shape takes {batch_time_ms:.0f} ms (fitted)"
+    )
+
+
+def measured_engine_plan(
+    model: str, rate: float, headroom: float
+) -> tuple[CapacityPlan | None, dict[str, object]]:
+    """For an engine model: the plan from its engines' measured speed (what a live worker
+    announced) and the typical request its finished requests show. ``None`` for batch models."""
+    import statistics
+
+    from cli.keys import with_store
+    from core.settings import load_settings
+    from core.wiring import connect
+    from models.plugins import is_engine
+    from models.registry import load_registry
+
+    settings = load_settings()
+    spec = load_registry(settings.models).get(model)
+    if spec is None:
+        raise typer.BadParameter(f"unknown model {model}", param_hint="--model")
+    if not is_engine(spec):
+        return None, {}
+
+    async def live_capacity() -> Any:
+        adapters = connect(settings, pool_size=1)
+        try:
+            return await adapters.slots.capacity(model, time.time())
+        finally:
+            await adapters.close()
+
+    found = with_store(settings.effective_database_url, lambda _store: live_capacity())
+    if found is None or not found.profile or not found.units:
+        raise typer.BadParameter(
+            f"no engine of {model} is running: its speed is what a live worker measured "
+            f"(start one with `batchserve worker --model {model}`)",
+            param_hint="--model",
+        )
+    rows = with_store(
+        settings.effective_database_url, lambda store: store.finished_sequences(model, limit=2000)
+    )
+    if not rows:
+        raise typer.BadParameter(
+            f"no finished requests of {model} yet: run some traffic first", param_hint="--model"
+        )
+    profile = found.profile
+    seqs_per_engine = max(1, round(found.units / max(1, found.workers)))
+    load = EngineLoad(
+        max_num_seqs=seqs_per_engine,
+        prefill_tokens_per_s=float(profile["prefill_tokens_per_s"]),
+        decode_step_s=float(profile["decode_step_s"]),
+        prompt_tokens=statistics.median(r[1] for r in rows),
+        generated_tokens=statistics.median(r[2] for r in rows),
+    )
+    plan = plan_engine_capacity(rate_rps=rate, load=load, headroom=headroom)
+    return plan, {
+        "requests": len(rows),
+        "max_num_seqs": load.max_num_seqs,
+        "typical_prompt_tokens": load.prompt_tokens,
+        "typical_generated_tokens": load.generated_tokens,
+        "prefill_tokens_per_s": round(load.prefill_tokens_per_s, 1),
+        "decode_step_s": round(load.decode_step_s, 4),
+        "engine_s_per_request": round(load.engine_s_per_request, 4),
+    }
 
 
 def measured_batch_time(model: str) -> tuple[int, float, dict[str, object]]:

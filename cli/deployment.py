@@ -126,7 +126,9 @@ class Stack:
                 live = client.zrangebyscore(f"{prefix}.workers.{model}", time.time(), "+inf")
                 names = [str(w, "utf-8") if isinstance(w, bytes) else str(w) for w in live]
                 values = client.hmget(f"{prefix}.worker_slots.{model}", names) if names else []
-                if sum(int(v) for v in values if v) >= slots:
+                # A batch worker announces "slots", an engine worker "sequences/tokens".
+                announced = [v.decode() if isinstance(v, bytes) else str(v) for v in values if v]
+                if sum(int(v.partition("/")[0]) for v in announced) >= slots:
                     return
                 time.sleep(0.1)
         finally:

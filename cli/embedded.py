@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 
 import uvicorn
@@ -20,8 +21,10 @@ from core.migrate import upgrade
 from core.settings import Settings
 from core.slots import MemorySlotDirectory
 from core.wiring import Adapters, connect
-from models.loader import load_backend
+from models.loader import load_backend, load_engine
+from models.plugins import plugin_for
 from workers.dispatch import InProcessDispatcher
+from workers.engine_runner import EngineRunner, EngineRunnerConfig
 from workers.maintenance import Maintenance
 from workers.runner import BatchRunner
 from workers.webhooks.delivery import create_deliverer
@@ -37,8 +40,25 @@ class EmbeddedStack:
         self.settings = settings
         self.adapters: Adapters = connect(settings)
         specs = self.adapters.registry.specs()
-        runners = {
-            spec.name: BatchRunner(
+        runners: dict[str, BatchRunner] = {}
+        self.engines: dict[str, EngineRunner] = {}
+        for spec in specs:
+            plugin = plugin_for(spec)
+            if plugin.prepare is not None:
+                plugin.prepare(spec)
+            if plugin.kind == "engine":
+                self.engines[spec.name] = EngineRunner(
+                    store=self.adapters.store,
+                    events=self.adapters.events,
+                    queue=self.adapters.queue,
+                    engine=load_engine(spec),
+                    model=spec.name,
+                    max_new_tokens=spec.max_new_tokens,
+                    worker_id=f"embedded:{spec.name}",
+                    config=EngineRunnerConfig(lease_s=settings.lease_s),
+                )
+                continue
+            runners[spec.name] = BatchRunner(
                 store=self.adapters.store,
                 events=self.adapters.events,
                 queue=self.adapters.queue,
@@ -46,9 +66,7 @@ class EmbeddedStack:
                 worker_id=f"embedded:{spec.name}",
                 lease_s=settings.lease_s,
             )
-            for spec in specs
-        }
-        self.dispatcher = InProcessDispatcher(runners)
+        self.dispatcher = InProcessDispatcher(runners, self.engines)
         self.batchers = [
             ModelBatcher(
                 spec,
@@ -86,7 +104,20 @@ class EmbeddedStack:
         slots = self.adapters.slots
         assert isinstance(slots, MemorySlotDirectory)
         for spec in self.adapters.registry.specs():
-            slots.register(spec.name, "embedded", spec.slots, float("inf"))
+            runner = self.engines.get(spec.name)
+            if runner is None:
+                slots.register(spec.name, "embedded", spec.slots, float("inf"))
+                continue
+            await runner.start()
+            engine = runner.engine
+            slots.register(
+                spec.name,
+                "embedded",
+                engine.capacity.max_num_seqs,
+                float("inf"),
+                tokens=engine.capacity.max_num_tokens,
+                profile=None if engine.profile is None else dataclasses.asdict(engine.profile),
+            )
         # The in-process queue starts empty: whatever was queued when we stopped goes back in.
         recovered = await self.adapters.store.queued_messages()
         await self.adapters.queue.publish(recovered)
@@ -108,6 +139,8 @@ class EmbeddedStack:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.dispatcher.close()
+        for runner in self.engines.values():
+            await runner.close()
         await self.senders.close()
         await self.deliverer.close()
         await self.adapters.close()

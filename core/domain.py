@@ -163,6 +163,10 @@ class BatchItem:
     params: dict[str, Any]
     created_at: float
     received_at: float  # when the batcher first saw it
+    # For engine workers, which run each request on its own: past its deadline a running
+    # request is expired, past its time limit (from the learned cost model) it is stopped.
+    deadline: float | None = None
+    time_limit_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -172,6 +176,8 @@ class BatchItem:
             "params": self.params,
             "created_at": self.created_at,
             "received_at": self.received_at,
+            "deadline": self.deadline,
+            "time_limit_s": self.time_limit_s,
         }
 
 
@@ -296,6 +302,24 @@ class BatchClosed:
 
 
 @dataclass(frozen=True, slots=True)
+class SequencesFreed:
+    """Published by an engine worker when sequences of a batch leave its engine (finished,
+    cancelled or expired): the batcher may fill their room at once."""
+
+    model: str
+    batch_id: str
+    request_ids: tuple[str, ...]
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "type": "freed",
+            "model": self.model,
+            "batch_id": self.batch_id,
+            "ids": list(self.request_ids),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class JobChanged:
     """Published when a bulk job is created or cancelled: the job driver acts on it at once
     rather than at its next tick."""
@@ -307,7 +331,7 @@ class JobChanged:
         return {"type": "job", "job_id": self.job_id, "status": self.status}
 
 
-Event = StateChange | BatchClosed | JobChanged
+Event = StateChange | BatchClosed | SequencesFreed | JobChanged
 
 
 class DeliveryStatus(StrEnum):
@@ -378,6 +402,10 @@ def decode_event(body: bytes | str) -> Event:
     data = orjson.loads(body)
     if data["type"] == "job":
         return JobChanged(job_id=data["job_id"], status=data["status"])
+    if data["type"] == "freed":
+        return SequencesFreed(
+            model=data["model"], batch_id=data["batch_id"], request_ids=tuple(data["ids"])
+        )
     if data["type"] == "batch":
         return BatchClosed(
             model=data["model"],

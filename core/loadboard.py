@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
@@ -27,10 +28,17 @@ class LoadSnapshot:
     pending_bulk: int
     queued_interactive: int  # still in the broker, not yet held by the batcher
     queued_bulk: int
-    batch_s: float
+    batch_s: float  # a full batch's estimated time (engine models: a typical sequence's)
     max_batch_size: int
     max_batch_delay_s: float
     arrival_rate: float
+    # Engine models: room for this many more sequences and KV tokens (``slots`` is the total
+    # of sequences their engines hold), and what the batcher believes a sequence takes.
+    kind: str = "batch"
+    free_seqs: int = 0
+    free_tokens: int = 0
+    capacity_tokens: int = 0
+    estimate: dict[str, Any] = field(default_factory=dict)
 
     def encode(self) -> bytes:
         return orjson.dumps(asdict(self))

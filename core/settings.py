@@ -75,6 +75,9 @@ class Settings(BaseSettings):
     republish_after_s: float = 5.0
     worker_heartbeat_s: float = 0.5
     worker_ttl_s: float = 3.0
+    # An engine worker told to stop lets its running sequences finish for up to this long
+    # (what is still running then is requeued); keep the orchestrator's grace period longer.
+    engine_drain_s: float = Field(default=60.0, ge=0, description="Engine drain on SIGTERM")
     # A second pool process per slot takes the next batch's lease while the running model is
     # still busy, so a slot passes from one batch to the next without a hand-over or a lease
     # round trip (workers/gate.py). It costs a second copy of the model per slot: ``auto``

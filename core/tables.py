@@ -108,6 +108,14 @@ class Request(Base):
             postgresql_where=sa_text("job_id IS NOT NULL"),
             sqlite_where=sa_text("job_id IS NOT NULL"),
         ),
+        # The learned sequence time of an engine model reads its latest finished requests.
+        Index(
+            "ix_requests_model_finished",
+            "model",
+            "finished_at",
+            postgresql_where=sa_text("state = 'succeeded'"),
+            sqlite_where=sa_text("state = 'succeeded'"),
+        ),
         Index(
             "ix_requests_unpublished",
             "created_at",

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from models.sampling import sample_token, seeded_generator
+
 # Decodes generated token ids into text, special tokens left out.
 DecodeFn = Callable[[Sequence[int]], str]
 # Asked between steps with a row's request id: True drops the row as cancelled.
@@ -99,7 +101,7 @@ def generate(
 ) -> BatchOutput:
     """Generate a continuation for every row, one batched forward pass per step."""
     device = model.device
-    states = [_Row(r, _generator(r, device)) for r in rows]
+    states = [_Row(r, seeded_generator(r.temperature, r.seed, device)) for r in rows]
     input_ids, mask = left_pad([r.prompt_ids for r in rows], pad_id, device)
     # Left padding shifts each row's tokens right; positions must still count from its first
     # real token, or the same prompt would decode differently alone and in a batch.
@@ -155,31 +157,6 @@ def pick_tokens(logits: torch.Tensor, rows: Sequence[_Row]) -> torch.Tensor:
                 logits[b], row.request.temperature, row.request.top_p, row.generator
             )
     return tokens
-
-
-def sample_token(
-    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
-) -> torch.Tensor:
-    """Draw one token from softmax(logits / temperature), restricted to the top-p nucleus."""
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-        outside = sorted_probs.cumsum(-1) - sorted_probs >= top_p
-        sorted_probs[outside] = 0.0
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-    return torch.multinomial(probs, 1, generator=generator)[0]
-
-
-def _generator(row: RowRequest, device: torch.device) -> torch.Generator | None:
-    if row.temperature <= 0:
-        return None
-    generator = torch.Generator(device=device)
-    if row.seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(row.seed)
-    return generator
 
 
 def _forward(

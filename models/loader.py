@@ -1,22 +1,24 @@
-"""Build the backend a model spec names."""
+"""Build the backend a model spec names, through its plugin."""
 
 from __future__ import annotations
 
 from models.base import Backend
+from models.engine import Engine
+from models.plugins import plugin_for
 from models.registry import ModelSpec
 
 
 def load_backend(spec: ModelSpec) -> Backend:
-    if spec.backend == "fixed":
-        from models.fixed import FixedBackend
+    """A batch backend (the model runs a batch as a unit)."""
+    loaded = plugin_for(spec).load(spec)
+    if not isinstance(loaded, Backend):
+        raise TypeError(f"model {spec.name}: backend {spec.backend!r} is not a batch backend")
+    return loaded
 
-        return FixedBackend(spec)
-    if spec.backend == "faulty":
-        from models.faulty import FaultyBackend
 
-        return FaultyBackend(spec)
-    if spec.backend == "transformers":
-        from models.transformers_backend import TransformersBackend
-
-        return TransformersBackend(spec)
-    raise ValueError(f"unknown backend {spec.backend!r}")
+def load_engine(spec: ModelSpec) -> Engine:
+    """An engine backend (many sequences at once, joining at step boundaries)."""
+    loaded = plugin_for(spec).load(spec)
+    if not isinstance(loaded, Engine):
+        raise TypeError(f"model {spec.name}: backend {spec.backend!r} is not an engine")
+    return loaded

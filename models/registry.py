@@ -8,7 +8,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-BACKENDS = ("fixed", "faulty", "transformers")
 POLICIES = ("timer", "greedy", "size-only", "adaptive")
 
 
@@ -39,9 +38,12 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "length_edges", tuple(sorted(int(e) for e in self.length_edges)))
-        if self.backend not in BACKENDS:
-            raise ValueError(f"model {self.name}: unknown backend {self.backend!r}")
-        if self.policy.split(":")[0] not in POLICIES:
+        from models.plugins import backends
+
+        if self.backend not in backends():
+            known = ", ".join(sorted(backends()))
+            raise ValueError(f"model {self.name}: unknown backend {self.backend!r}; known: {known}")
+        if self.policy not in POLICIES:
             raise ValueError(f"model {self.name}: unknown policy {self.policy!r}")
         if self.max_batch_size < 1:
             raise ValueError(f"model {self.name}: max_batch_size must be at least 1")

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import Any
 
+from models.plugins import plugin_for
 from models.registry import ModelSpec, Registry
 
 log = logging.getLogger("batchserve.tokens")
@@ -34,21 +36,35 @@ class PromptCounter:
         self._registry = registry
         self._tokenizers: dict[str, Any] = {}
 
-    def prewarm(self) -> None:
-        """Load the tokenizers of real models in a background thread."""
-        specs = [s for s in self._registry.specs() if s.backend == "transformers"]
+    def prewarm(self, retry_s: float = 10.0) -> None:
+        """Load the tokenizers of real models in a background thread: those whose files are on
+        disk now, and the others as soon as a worker has put them there (the API never
+        converts a model itself)."""
+        specs = [s for s in self._registry.specs() if plugin_for(s).tokenizer_dir is not None]
         if specs:
-            threading.Thread(target=self._load_all, args=(specs,), daemon=True).start()
+            thread = threading.Thread(target=self._load_all, args=(specs, retry_s), daemon=True)
+            thread.start()
 
-    def _load_all(self, specs: list[ModelSpec]) -> None:
-        for spec in specs:
-            try:
-                from models.transformers_backend import load_tokenizer
+    def _load_all(self, specs: list[ModelSpec], retry_s: float) -> None:
+        waiting = list(specs)
+        while waiting:
+            for spec in list(waiting):
+                finder = plugin_for(spec).tokenizer_dir
+                path = finder(spec) if finder is not None else None
+                if path is None:
+                    continue
+                waiting.remove(spec)
+                try:
+                    from transformers import AutoTokenizer
 
-                self._tokenizers[spec.name] = load_tokenizer(spec)
-                log.info("tokenizer_ready model=%s", spec.name)
-            except Exception:  # admission falls back to estimates; the worker will say more
-                log.exception("tokenizer_unavailable model=%s", spec.name)
+                    self._tokenizers[spec.name] = AutoTokenizer.from_pretrained(
+                        path, local_files_only=True
+                    )
+                    log.info("tokenizer_ready model=%s", spec.name)
+                except Exception:  # admission falls back to estimates; the worker says more
+                    log.exception("tokenizer_unavailable model=%s", spec.name)
+            if waiting:
+                time.sleep(retry_s)
 
     def exact(self, model: str) -> bool:
         return model in self._tokenizers
@@ -59,7 +75,7 @@ class PromptCounter:
         tokenizer = self._tokenizers.get(spec.name)
         if tokenizer is None:
             return estimate_tokens(input_text, messages)
-        from models.transformers_backend import encode_prompt
+        from models.hf import encode_prompt
 
         size = len(input_text or "") + sum(len(str(m.get("content") or "")) for m in messages or [])
         if size > _LONG_PROMPT_CHARS:

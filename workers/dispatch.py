@@ -14,6 +14,7 @@ from core.domain import BatchMessage
 from core.errors import Unavailable
 from core.settings import Settings
 from workers.celery_app import RUN_BATCH_TASK, batches_queue
+from workers.engine_runner import EngineRunner
 from workers.runner import BatchRunner
 
 log = logging.getLogger("batchserve.dispatch")
@@ -28,7 +29,7 @@ class CeleryDispatcher:
         # One thread: kombu's producer pool is used serially, and batches go in order.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dispatch")
 
-    async def dispatch(self, message: BatchMessage, time_limit_s: float) -> None:
+    async def dispatch(self, message: BatchMessage, time_limit_s: float | None) -> None:
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._executor, self._send, message, time_limit_s)
@@ -36,7 +37,7 @@ class CeleryDispatcher:
             message_text = f"could not hand the batch to a worker: {error}"
             raise Unavailable(message_text, component="broker") from error
 
-    def _send(self, message: BatchMessage, time_limit_s: float) -> None:
+    def _send(self, message: BatchMessage, time_limit_s: float | None) -> None:
         self._app.send_task(
             RUN_BATCH_TASK,
             args=[message.as_dict()],
@@ -50,14 +51,22 @@ class CeleryDispatcher:
 
 
 class InProcessDispatcher:
-    """The embedded mode's worker pool: each batch runs as a task of this event loop."""
+    """The embedded mode's worker pool: each batch runs as a task of this event loop, or goes
+    into the model's engine."""
 
-    def __init__(self, runners: dict[str, BatchRunner]) -> None:
+    def __init__(
+        self, runners: dict[str, BatchRunner], engines: dict[str, EngineRunner] | None = None
+    ) -> None:
         self._runners = runners
+        self._engines = engines or {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._busy: dict[str, set[int]] = {model: set() for model in runners}
 
-    async def dispatch(self, message: BatchMessage, time_limit_s: float) -> None:
+    async def dispatch(self, message: BatchMessage, time_limit_s: float | None) -> None:
+        engine = self._engines.get(message.model)
+        if engine is not None:
+            await engine.accept(message)
+            return
         # Each running batch has a slot number of its own, so that every worker id (model and
         # slot) runs one batch at a time, as a Celery pool process does.
         busy = self._busy[message.model]

@@ -168,7 +168,7 @@ class BatchRunner:
         model_ms = (finished - model_started) * 1000.0
         by_id = {i.request_id: i for i in items}
         outcomes = [
-            ItemOutcome(r, _timings(by_id[r.request_id], message, model_ms, finished))
+            ItemOutcome(r, item_timings(by_id[r.request_id], message, model_ms, finished))
             for r in output.results
             if r.request_id in by_id
         ]
@@ -210,20 +210,7 @@ class BatchRunner:
         await self._republish(message, reaped)
 
     async def _with_patience(self, batch_id: uuid.UUID, write: Callable[[], Awaitable[T]]) -> T:
-        """Retry while the database is away (a restart takes seconds): the model ran, and its
-        answers are worth the wait. The lease stays renewed meanwhile; if it is lost anyway,
-        the write is fenced out and the batch runs again."""
-        give_up = time.monotonic() + self._write_patience_s
-        delay_s = 0.1
-        while True:
-            try:
-                return await write()
-            except Unavailable as error:
-                if time.monotonic() > give_up:
-                    raise
-                log.warning("result_write_retry batch_id=%s error=%s", batch_id, error)
-                await asyncio.sleep(delay_s)
-                delay_s = min(delay_s * 2, 2.0)
+        return await with_patience(batch_id, write, self._write_patience_s)
 
     async def _republish(self, message: BatchMessage, reaped: Reaped) -> None:
         """Put requests a reap or a retry sent back to the queue on the broker."""
@@ -261,6 +248,25 @@ class BatchRunner:
                 return
 
 
+async def with_patience(
+    batch_id: uuid.UUID, write: Callable[[], Awaitable[T]], patience_s: float
+) -> T:
+    """Retry while the database is away (a restart takes seconds): the model ran, and its
+    answers are worth the wait. The lease stays renewed meanwhile; if it is lost anyway, the
+    write is fenced out and the batch runs again."""
+    give_up = time.monotonic() + patience_s
+    delay_s = 0.1
+    while True:
+        try:
+            return await write()
+        except Unavailable as error:
+            if time.monotonic() > give_up:
+                raise
+            log.warning("result_write_retry batch_id=%s error=%s", batch_id, error)
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, 2.0)
+
+
 def observe_latency(model: str, outcomes: Sequence[ItemOutcome]) -> None:
     """End-to-end latency of each request whose result this write stored."""
     histogram = metrics().latency.labels(model)
@@ -268,7 +274,9 @@ def observe_latency(model: str, outcomes: Sequence[ItemOutcome]) -> None:
         histogram.observe(outcome.timings.total_ms / 1000.0)
 
 
-def _timings(item: BatchItem, message: BatchMessage, model_ms: float, finished: float) -> Timings:
+def item_timings(
+    item: BatchItem, message: BatchMessage, model_ms: float, finished: float
+) -> Timings:
     return Timings(
         queued_ms=max(0.0, (item.received_at - item.created_at) * 1000.0),
         batch_wait_ms=max(0.0, (message.dispatched_at - item.received_at) * 1000.0),
@@ -393,7 +401,7 @@ class _EarlyResults:
         now = self._runner._clock()
         model_ms = (now - self._model_started) * 1000.0
         outcomes = [
-            ItemOutcome(r, _timings(self._items[r.request_id], self._message, model_ms, now))
+            ItemOutcome(r, item_timings(self._items[r.request_id], self._message, model_ms, now))
             for r in group
             if r.request_id in self._items
         ]

@@ -22,6 +22,7 @@ from core.metrics import (
 )
 from core.settings import Settings
 from core.slots import SlotRegistration
+from models.plugins import plugin_for
 from models.registry import ModelSpec
 from workers.celery_app import RUN_BATCH_TASK, batches_queue_name, create_celery
 from workers.gate import SlotGate
@@ -76,16 +77,20 @@ def _serve_pool_metrics(settings: Settings) -> Path | None:
 
 def standby_enabled(settings: Settings, spec: ModelSpec) -> bool:
     if settings.worker_standby == "auto":
-        return spec.backend != "transformers"
+        return not plugin_for(spec).holds_weights
     return settings.worker_standby == "on"
 
 
 def run_worker(settings: Settings, spec: ModelSpec, *, slots: int, loglevel: str = "INFO") -> None:
-    if spec.backend == "transformers":
-        # Convert the weights once, here, before the pool forks: every slot then loads the cache.
-        from models.transformers_backend import ensure_converted
+    plugin = plugin_for(spec)
+    if plugin.prepare is not None:
+        # Once, here, before any pool forks or engine loads (e.g. converting the weights).
+        plugin.prepare(spec)
+    if plugin.kind == "engine":
+        from workers.engine_worker import run_engine_worker
 
-        ensure_converted(spec)
+        run_engine_worker(settings, spec, loglevel=loglevel)
+        return
     metrics_dir = _serve_pool_metrics(settings)
     app = create_celery(settings, [spec.name])
     app.task(name=RUN_BATCH_TASK, acks_late=True)(_run_batch)

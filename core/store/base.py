@@ -71,6 +71,9 @@ class BatchStart:
 class ItemOutcome:
     result: ItemResult
     timings: Timings
+    # When the model finished it, if not when it is written (an engine's sequence leaves at
+    # its own step; the write follows).
+    finished_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, case, func, insert, literal, select, text, update
+from sqlalchemy import bindparam, case, func, insert, literal, select, text, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from core.db import autocommit, transaction
@@ -183,6 +183,25 @@ class BatchVerbs(StoreBase):
             )
         return bool(result.rowcount)
 
+    async def renew_leases(
+        self, held: Sequence[tuple[uuid.UUID, str]], until: float
+    ) -> set[uuid.UUID]:
+        """Renew the leases of many open batches, each held by its own worker name, in one
+        statement (an engine worker holds one per batch it runs); returns those still held."""
+        if not held:
+            return set()
+        async with transaction(self.engine) as conn:
+            rows = await conn.execute(
+                update(batches_t)
+                .where(
+                    tuple_(batches_t.c.id, batches_t.c.worker).in_(list(held)),
+                    batches_t.c.outcome.is_(None),
+                )
+                .values(lease_expires_at=from_epoch(until))
+                .returning(batches_t.c.id)
+            )
+            return {r[0] for r in rows}
+
     async def complete_batch(
         self,
         batch_id: uuid.UUID,
@@ -263,6 +282,70 @@ class BatchVerbs(StoreBase):
         for state, written in by_state.items():
             await self._emit(state, written, batch_id=str(batch_id))
         return [i for written in by_state.values() for i in written]
+
+    async def expire_running(
+        self, batch_id: uuid.UUID, *, attempt: int, request_ids: Sequence[str], now: float
+    ) -> list[str] | None:
+        """End running members whose deadline passed while their engine ran them (their
+        sequences are stopped); ``None`` when this attempt is stale."""
+        ids = [uuid.UUID(i) for i in request_ids]
+        async with transaction(self.engine) as conn:
+            owned = select(batches_t.c.id).where(
+                batches_t.c.id == batch_id,
+                batches_t.c.outcome.is_(None),
+                batches_t.c.attempt == attempt,
+            )
+            if self._postgres:
+                owned = owned.with_for_update()
+            if (await conn.execute(owned)).first() is None:
+                return None
+            rows = await conn.execute(
+                expire_stmt(now, "the deadline passed while it ran", from_state=S.RUNNING)
+                .where(requests_t.c.id.in_(ids), requests_t.c.batch_id == batch_id)
+                .returning(requests_t.c.id)
+            )
+            expired = [str(r[0]) for r in rows]
+            await self._log_terminal(conn, expired, S.EXPIRED, now, batch_id)
+        await self._emit(S.EXPIRED, expired, batch_id=str(batch_id))
+        return expired
+
+    async def running_members(self, model: str) -> list[tuple[uuid.UUID, str, int, int]]:
+        """Requests of ``model`` running now: (batch, request id, prompt tokens, max tokens).
+        What an engine model's batcher counts against its engines' capacity."""
+        query = select(
+            requests_t.c.batch_id,
+            requests_t.c.id,
+            requests_t.c.est_prompt_tokens,
+            requests_t.c.max_tokens,
+        ).where(requests_t.c.model == model, requests_t.c.state == S.RUNNING.value)
+        async with transaction(self.engine) as conn:
+            rows = (await conn.execute(query)).all()
+        return [(r[0], str(r[1]), int(r[2] or 0), int(r[3] or 0)) for r in rows]
+
+    async def finished_sequences(
+        self, model: str, *, after: float | None = None, limit: int = 500
+    ) -> list[tuple[float, int, int, float]]:
+        """Requests of an engine model that ran to the end, newest last: (finished at, prompt
+        tokens, generated tokens, seconds in the engine). The learned sequence time's data."""
+        query = select(
+            requests_t.c.finished_at,
+            requests_t.c.prompt_tokens,
+            requests_t.c.completion_tokens,
+            requests_t.c.model_ms,
+        ).where(
+            requests_t.c.model == model,
+            requests_t.c.state == S.SUCCEEDED.value,
+            requests_t.c.model_ms.is_not(None),
+        )
+        if after is not None:
+            query = query.where(requests_t.c.finished_at > from_epoch(after))
+        query = query.order_by(requests_t.c.finished_at.desc()).limit(limit)
+        async with transaction(self.engine) as conn:
+            rows = (await conn.execute(query)).all()
+        return [
+            (epoch(r[0]), int(r[1] or 0), int(r[2] or 0), float(r[3]) / 1000.0)
+            for r in reversed(rows)
+        ]
 
     async def reap_batch(self, batch_id: uuid.UUID, *, now: float, outcome: BatchOutcome) -> Reaped:
         """Close a batch whose worker died (crashed) or never started it (abandoned).
@@ -405,7 +488,7 @@ class BatchVerbs(StoreBase):
         params: dict[str, Any] = {
             name: [r[f"b_{name}"] for r in rows] for name, _ in _UNNEST_COLUMNS
         }
-        params.update(batch_id=batch_id, finished_at=now_dt)
+        params["batch_id"] = batch_id
         result = await conn.execute(_WRITE_OUTCOMES_PG, params)
         return [(str(r[0]), r[1], bool(r[2])) for r in result]
 
@@ -550,7 +633,7 @@ def result_row(outcome: ItemOutcome, now: Any) -> dict[str, Any]:
         "b_batch_wait_ms": timings.batch_wait_ms,
         "b_model_ms": timings.model_ms,
         "b_total_ms": timings.total_ms,
-        "b_finished_at": now,
+        "b_finished_at": now if outcome.finished_at is None else from_epoch(outcome.finished_at),
     }
 
 
@@ -567,11 +650,12 @@ _UNNEST_COLUMNS = [
     ("batch_wait_ms", "float8"),
     ("model_ms", "float8"),
     ("total_ms", "float8"),
+    ("finished_at", "timestamptz"),
 ]
 _WRITE_OUTCOMES_PG = text(
     "UPDATE requests AS r SET "
     + ", ".join(f"{name} = v.{name}" for name, _ in _UNNEST_COLUMNS[1:])
-    + ", finished_at = :finished_at FROM unnest("
+    + " FROM unnest("
     + ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in _UNNEST_COLUMNS)
     + ") AS v("
     + ", ".join(name for name, _ in _UNNEST_COLUMNS)

@@ -1,8 +1,9 @@
-"""The real SmolLM2-135M through the whole stack, beside the fixed model."""
+"""The real SmolLM2-135M on an engine worker (continuous batching) through the whole stack."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import datetime
 
 import httpx
@@ -11,6 +12,7 @@ from cli.deployment import Stack
 from tests.support.live import db_rows, wait_terminal
 
 SMOL = "smollm2-135m"
+ONE_SEQ = "smollm2-one-seq"  # the same model, an engine of one sequence
 ECHO = "echo-100ms"
 
 QUESTIONS = [
@@ -23,11 +25,14 @@ QUESTIONS = [
     "Which planet do we live on?",
     "What colour is the sky on a clear day?",
 ]
+STORY = "Write a long story about a dragon who guards a library."
 
 
-def chat(question: str, max_tokens: int = 12, **params: object) -> dict[str, object]:
+def chat(
+    question: str, max_tokens: int = 12, model: str = SMOL, **params: object
+) -> dict[str, object]:
     return {
-        "model": SMOL,
+        "model": model,
         "messages": [{"role": "user", "content": question}],
         "params": {"max_tokens": max_tokens, "temperature": 0, **params},
     }
@@ -37,6 +42,34 @@ async def submit(http: httpx.AsyncClient, body: dict[str, object]) -> str:
     response = await http.post("/v1/requests", json=body)
     assert response.status_code == 202, response.text
     return str(response.json()["id"])
+
+
+async def until_running(http: httpx.AsyncClient, request_id: str) -> None:
+    for _ in range(600):
+        if (await http.get(f"/v1/requests/{request_id}")).json()["status"] == "running":
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{request_id} never started")
+
+
+def engine_spans(stack: Stack, model: str) -> list[tuple[float, float]]:
+    """When each finished request of ``model`` was in its engine: (joined, left), in seconds."""
+    rows = db_rows(
+        stack,
+        "SELECT extract(epoch FROM finished_at), model_ms FROM requests "
+        "WHERE model = :m AND model_ms IS NOT NULL",
+        m=model,
+    )
+    return [(float(end) - ms / 1000.0, float(end)) for end, ms in rows]
+
+
+def most_at_once(spans: list[tuple[float, float]]) -> int:
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    running = peak = 0
+    for _, step in edges:
+        running += step
+        peak = max(peak, running)
+    return peak
 
 
 async def test_64_chat_requests_and_two_models_at_once(
@@ -54,6 +87,7 @@ async def test_64_chat_requests_and_two_models_at_once(
         assert result["output"]["finish_reason"] in ("stop", "length")
         assert 0 < result["usage"]["completion_tokens"] <= 12
         assert result["usage"]["prompt_tokens"] > 5  # the chat template's tokens counted
+        assert result["attempts"] == 1
     for i, request_id in enumerate(ids[64:]):
         assert results[request_id]["output"]["text"] == f"echo {i}"
     mixed = db_rows(
@@ -62,58 +96,111 @@ async def test_64_chat_requests_and_two_models_at_once(
         "GROUP BY b.id HAVING count(DISTINCT r.model) > 1 OR min(r.model) <> min(b.model)",
     )
     assert mixed == []  # every batch held one model
-    assert (
-        max(r[0] for r in db_rows(stack, "SELECT size FROM batches WHERE model = :m", m=SMOL)) <= 8
-    )
+    # The batcher never sent the engine more than it holds (16 sequences in the test
+    # registry): at no moment were more requests in it than that.
+    peak = most_at_once(engine_spans(stack, SMOL))
+    assert 8 <= peak <= 16, peak
+    open_batches = db_rows(stack, "SELECT count(*) FROM batches WHERE outcome IS NULL")
+    assert open_batches[0][0] == 0  # every batch closed when its last sequence left
 
 
-async def test_a_short_answer_returns_before_its_long_batchmate(
+async def test_a_short_request_never_waits_for_a_long_one(
     stack: Stack, http: httpx.AsyncClient
 ) -> None:
     stack.start_all({SMOL: 1})
     await wait_terminal(http, [await submit(http, chat("Warm up.", 2))], timeout_s=120)
-    # While the slot is busy, both wait and leave together: max_tokens 4 and 32 are in the
-    # same length class (up to 32), so they share a batch.
-    story = "Write a long story about a dragon who guards a library."
-    blocker = await submit(http, chat(story, 24))
-    for _ in range(200):
-        if (await http.get(f"/v1/requests/{blocker}")).json()["status"] == "running":
-            break
-        await asyncio.sleep(0.05)
-    short_id, long_id = await asyncio.gather(
-        submit(http, chat(story, 4)), submit(http, chat(story, 32))
-    )
-    results = await wait_terminal(http, [short_id, long_id], timeout_s=120)
+    long_id = await submit(http, chat(STORY, 160, ignore_eos=True))
+    await until_running(http, long_id)
+    await asyncio.sleep(1.0)  # well into its generation
+    short_id = await submit(http, chat(STORY, 4))
+    results = await wait_terminal(http, [short_id, long_id], timeout_s=300)
     short, long = results[short_id], results[long_id]
-    assert short["batch_id"] == long["batch_id"]
-    assert short["usage"]["completion_tokens"] == 4 and short["output"]["finish_reason"] == "length"
-    assert long["usage"]["completion_tokens"] > 4
+    assert short["status"] == long["status"] == "succeeded"
+    assert short["usage"]["completion_tokens"] == 4
+    assert long["usage"]["completion_tokens"] == 160
     finished = {k: datetime.fromisoformat(v["finished_at"]) for k, v in results.items()}
-    assert finished[short_id] < finished[long_id]  # written the moment its row stopped
+    # It joined the running engine and left as soon as it was done, long before its elder.
+    assert finished[short_id] < finished[long_id]
+    assert short["timings"]["model_ms"] < long["timings"]["model_ms"] / 5
 
 
-async def test_cancelling_a_running_generation_stops_it(
+async def test_cancelling_a_running_generation_frees_its_room_at_once(
+    stack: Stack, http: httpx.AsyncClient
+) -> None:
+    stack.start_all({ONE_SEQ: 1})
+    await wait_terminal(http, [await submit(http, chat("Warm up.", 2, ONE_SEQ))], timeout_s=120)
+    blocker = await submit(http, chat(STORY, 400, ONE_SEQ, ignore_eos=True))
+    await until_running(http, blocker)
+    # The engine holds one sequence: this one waits in the batcher until there is room.
+    waiting = await submit(http, chat(QUESTIONS[0], 4, ONE_SEQ))
+    await asyncio.sleep(1.0)
+    assert (await http.get(f"/v1/requests/{waiting}")).json()["status"] == "queued"
+    cancelled_at = time.time()
+    assert (await http.post(f"/v1/requests/{blocker}/cancel")).status_code == 200
+    results = await wait_terminal(http, [blocker, waiting], timeout_s=120)
+    assert results[blocker]["status"] == "cancelled"
+    assert results[waiting]["status"] == "succeeded"
+    finished = datetime.fromisoformat(results[waiting]["finished_at"]).timestamp()
+    joined = finished - results[waiting]["timings"]["model_ms"] / 1000.0
+    # Freed at the engine's next step, refilled by the batcher: no wait for 400 tokens.
+    print(f"\ncancel -> next request in the engine: {joined - cancelled_at:.3f} s")
+    assert joined - cancelled_at < 3.0
+    rows = db_rows(
+        stack,
+        "SELECT generated_tokens FROM batches WHERE id = :b",
+        b=results[blocker]["batch_id"],
+    )
+    assert rows and rows[0][0] < 400  # the engine stopped generating for it
+
+
+async def test_a_long_healthy_generation_is_never_taken_for_poison(
     stack: Stack, http: httpx.AsyncClient
 ) -> None:
     stack.start_all({SMOL: 1})
-    await wait_terminal(http, [await submit(http, chat("Warm up.", 2))], timeout_s=120)
-    request_id = await submit(http, chat("Write a long story about a dragon.", 400))
-    for _ in range(200):  # until its batch is running
-        if (await http.get(f"/v1/requests/{request_id}")).json()["status"] == "running":
+    # The registry's limit, all of it generated (end of sequence ignored).
+    request_id = await submit(http, chat(STORY, 512, ignore_eos=True))
+    result = (await wait_terminal(http, [request_id], timeout_s=600))[request_id]
+    assert result["status"] == "succeeded", result
+    assert result["usage"]["completion_tokens"] == 512
+    assert result["attempts"] == 1 and result["error"] is None
+
+
+async def test_the_learned_sequence_time_is_live(stack: Stack, http: httpx.AsyncClient) -> None:
+    stack.start_all({SMOL: 1})
+    for _ in range(50):  # the batcher reads the worker's announcement every 0.25 s
+        model = (await http.get(f"/v1/models/{SMOL}")).json()
+        if model["estimate"] and model["estimate"]["source"] != "none":
             break
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(1.0)
-    assert (await http.post(f"/v1/requests/{request_id}/cancel")).status_code == 200
-    result = (await wait_terminal(http, [request_id], timeout_s=60))[request_id]
-    assert result["status"] == "cancelled"
-    for _ in range(100):
-        rows = db_rows(
-            stack, "SELECT generated_tokens FROM batches WHERE id = :b", b=result["batch_id"]
-        )
-        if rows and rows[0][0] is not None:
+        await asyncio.sleep(0.1)
+    assert model["kind"] == "engine"
+    assert model["estimate"]["source"] == "engine-profile"  # measured by the engine at start
+    assert model["capacity"]["seqs"] == 16
+    ids = [await submit(http, chat(q, 8)) for q in QUESTIONS + QUESTIONS[:2]]
+    await wait_terminal(http, ids, timeout_s=300)
+    for _ in range(100):  # the batcher learns every 2 s
+        model = (await http.get(f"/v1/models/{SMOL}")).json()
+        if model["estimate"]["source"] == "learned":
             break
         await asyncio.sleep(0.2)
-    assert rows[0][0] < 400  # the model stopped generating for it
+    estimate = model["estimate"]
+    assert estimate["source"] == "learned" and estimate["observations"] >= 8, estimate
+    assert estimate["per_token_s"] > 0
+
+
+async def test_a_hopeless_deadline_is_refused_at_submit(
+    stack: Stack, http: httpx.AsyncClient
+) -> None:
+    stack.start_all({SMOL: 1})
+    # 512 tokens cannot be made in one second on this model, whatever the queue.
+    for _ in range(50):  # until the batcher has published its load and the engine's speed
+        estimate = (await http.get(f"/v1/models/{SMOL}")).json()["estimate"]
+        if estimate and estimate["source"] != "none":
+            break
+        await asyncio.sleep(0.1)
+    response = await http.post("/v1/requests", json={**chat(STORY, 512), "timeout_s": 1})
+    assert response.status_code == 503, response.text
+    assert response.json()["code"] == "deadline_unmeetable"
+    assert db_rows(stack, "SELECT count(*) FROM requests")[0][0] == 0
 
 
 async def test_a_prompt_longer_than_the_context_is_refused_at_admission(

@@ -20,7 +20,7 @@ ECHO = "echo-100ms"
 
 
 class NoDispatch:
-    async def dispatch(self, message: BatchMessage, time_limit_s: float) -> None:
+    async def dispatch(self, message: BatchMessage, time_limit_s: float | None) -> None:
         raise AssertionError("no worker slot: nothing may be dispatched")
 
 

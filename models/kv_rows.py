@@ -1,0 +1,135 @@
+"""The KV cache of the transformers engine: one row per sequence, written in place.
+
+Every layer keeps keys and values in one preallocated tensor ``[rows, kv_heads, columns,
+head_dim]``. A sequence owns a row and its tokens sit at columns ``0..length-1`` of it, so a
+sequence joins or leaves without touching the others, and a decode step writes one column per
+row instead of copying the cache (``DynamicCache`` concatenates a new tensor every step: a copy
+of the whole cache per token). Rows ``0..n-1`` are occupied, so a decode step reads a plain view
+of them; a leaving sequence's row is filled by moving the last one into it.
+
+The model reads it through the ``Cache`` interface: before each forward the engine says which
+rows the forward holds and where each writes (:meth:`plan_decode`, :meth:`plan_prefill`), and
+passes its own 4D attention mask, so nothing here depends on the model's architecture beyond
+its layer count and KV shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache
+
+
+@dataclass(frozen=True, slots=True)
+class _Decode:
+    rows: int
+    write_at: torch.Tensor
+    read: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Prefill:
+    slots: torch.Tensor
+    starts: list[int]
+    width: int
+    read: int
+
+
+class RowCache(Cache):
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        max_rows: int,
+    ) -> None:
+        # Not Cache.__init__: its layer objects are what this class replaces.
+        self.layers = []
+        self._shape = (num_kv_heads, head_dim)
+        self._dtype, self._device = dtype, device
+        self.rows = self.columns = 0
+        self._keys: list[torch.Tensor] = []
+        self._values: list[torch.Tensor] = []
+        self._num_layers = num_layers
+        self._rows_index = torch.arange(max_rows, device=device)
+        self._plan: _Decode | _Prefill | None = None
+
+    @property
+    def bytes_per_token(self) -> int:
+        heads, dim = self._shape
+        return 2 * self._num_layers * heads * dim * torch.finfo(self._dtype).bits // 8
+
+    def resize(self, rows: int, columns: int) -> None:
+        """Hold ``rows`` rows of ``columns`` positions, keeping what fits of the contents."""
+        if (rows, columns) == (self.rows, self.columns):
+            return
+        heads, dim = self._shape
+        keep_rows, keep_columns = min(rows, self.rows), min(columns, self.columns)
+        for store in (self._keys, self._values):
+            for layer in range(self._num_layers):
+                fresh = torch.zeros(
+                    (rows, heads, columns, dim), dtype=self._dtype, device=self._device
+                )
+                if len(store) > layer:
+                    if keep_rows and keep_columns:
+                        fresh[:keep_rows, :, :keep_columns] = store[layer][
+                            :keep_rows, :, :keep_columns
+                        ]
+                    store[layer] = fresh  # the old tensor is freed here, layer by layer
+                else:
+                    store.append(fresh)
+        self.rows, self.columns = rows, columns
+
+    def move_row(self, source: int, target: int, length: int) -> None:
+        """Copy the first ``length`` positions of row ``source`` into row ``target``."""
+        for store in (self._keys, self._values):
+            for tensor in store:
+                tensor[target, :, :length] = tensor[source, :, :length]
+
+    def swap_rows(self, a: int, b: int, length: int) -> None:
+        """Exchange the first ``length`` positions of rows ``a`` and ``b``."""
+        for store in (self._keys, self._values):
+            for tensor in store:
+                held = tensor[a, :, :length].clone()
+                tensor[a, :, :length] = tensor[b, :, :length]
+                tensor[b, :, :length] = held
+
+    def plan_decode(self, rows: int, write_at: torch.Tensor, read: int) -> None:
+        """The next forward holds rows ``0..rows-1``, one token each, written at ``write_at``
+        (a column per row); attention reads the first ``read`` columns."""
+        self._plan = _Decode(rows, write_at, read)
+
+    def plan_prefill(self, slots: torch.Tensor, starts: list[int], width: int, read: int) -> None:
+        """The next forward holds the rows ``slots`` (in that order), ``width`` tokens each,
+        the i-th written from column ``starts[i]``; attention reads ``read`` columns."""
+        self._plan = _Prefill(slots, starts, width, read)
+
+    def update(
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        layer_idx: int,
+        *args: object,
+        **kwargs: object,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        plan = self._plan
+        assert plan is not None, "plan the forward first"
+        keys, values = self._keys[layer_idx], self._values[layer_idx]
+        if isinstance(plan, _Decode):
+            index = self._rows_index[: plan.rows]
+            keys[index, :, plan.write_at] = key_states[:, :, 0]
+            values[index, :, plan.write_at] = value_states[:, :, 0]
+            return keys[: plan.rows, :, : plan.read], values[: plan.rows, :, : plan.read]
+        for i, (slot, start) in enumerate(zip(plan.slots.tolist(), plan.starts, strict=True)):
+            end = min(start + plan.width, self.columns)
+            keys[slot, :, start:end] = key_states[i, :, : end - start]
+            values[slot, :, start:end] = value_states[i, :, : end - start]
+        return keys[plan.slots, :, : plan.read], values[plan.slots, :, : plan.read]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        # Positions are passed explicitly with every forward; no caller needs a length here.
+        return 0

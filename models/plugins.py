@@ -1,0 +1,120 @@
+"""Backends are plugins: each registers under the entry-point group ``batchserve.backends``.
+
+A plugin declares what the rest of batchserve needs to know about its backend without loading
+it: its kind (``batch``: a batch runs as a unit, the seeds' model; ``engine``: one long-lived
+engine holds many sequences and new ones join at a step boundary), whether it holds weights
+(a standby process per slot then costs a second copy of the model), the work to do once
+before workers start (converting weights), and where its tokenizer files are (the API counts
+prompt tokens with them). Loading is lazy: importing this module imports no torch.
+
+A third-party backend ships a :class:`BackendPlugin` and names it in its own package metadata::
+
+    [project.entry-points."batchserve.backends"]
+    mybackend = "mypackage.batchserve_plugin:PLUGIN"
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import import_module
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from models.base import Backend
+    from models.engine import Engine
+    from models.registry import ModelSpec
+
+log = logging.getLogger("batchserve.plugins")
+
+GROUP = "batchserve.backends"
+Kind = Literal["batch", "engine"]
+
+
+@dataclass(frozen=True)
+class BackendPlugin:
+    """What batchserve knows of a backend before loading it. ``loader`` is ``module:callable``
+    taking a :class:`ModelSpec`, imported only when a worker loads the model."""
+
+    name: str
+    kind: Kind
+    loader: str
+    holds_weights: bool = False
+    prepare: Callable[[ModelSpec], object] | None = None
+    tokenizer_dir: Callable[[ModelSpec], Path | None] | None = None
+
+    def load(self, spec: ModelSpec) -> Backend | Engine:
+        module, _, attribute = self.loader.partition(":")
+        factory = getattr(import_module(module), attribute)
+        loaded: Backend | Engine = factory(spec)
+        return loaded
+
+
+def _prepare_hf(spec: ModelSpec) -> object:
+    from models.hf import ensure_converted
+
+    return ensure_converted(spec)
+
+
+def _tokenizer_dir_hf(spec: ModelSpec) -> Path | None:
+    from models.hf import tokenizer_dir
+
+    return tokenizer_dir(spec)
+
+
+FIXED = BackendPlugin("fixed", "batch", "models.fixed:FixedBackend")
+FAULTY = BackendPlugin("faulty", "batch", "models.faulty:FaultyBackend")
+TRANSFORMERS = BackendPlugin(
+    "transformers",
+    "engine",
+    "models.transformers_engine:TransformersEngine",
+    holds_weights=True,
+    prepare=_prepare_hf,
+    tokenizer_dir=_tokenizer_dir_hf,
+)
+VLLM = BackendPlugin(
+    "vllm",
+    "engine",
+    "models.vllm_engine:VllmEngine",
+    holds_weights=True,
+    prepare=_prepare_hf,
+    tokenizer_dir=_tokenizer_dir_hf,
+)
+# What an uninstalled source tree (no package metadata) still knows.
+_BUILT_IN = {p.name: p for p in (FIXED, FAULTY, TRANSFORMERS, VLLM)}
+
+
+@functools.cache
+def backends() -> dict[str, BackendPlugin]:
+    """Every installed backend by name: the entry points, over the built-in ones."""
+    found = dict(_BUILT_IN)
+    for point in entry_points(group=GROUP):
+        try:
+            plugin = point.load()
+        except Exception:  # a broken third-party plugin must not take the others down
+            log.exception("backend_plugin_unloadable name=%s", point.name)
+            continue
+        if not isinstance(plugin, BackendPlugin):
+            log.error("backend_plugin_invalid name=%s value=%r", point.name, plugin)
+            continue
+        found[point.name] = plugin
+    return found
+
+
+def plugin_for(spec: ModelSpec) -> BackendPlugin:
+    return backend(spec.backend)
+
+
+def backend(name: str) -> BackendPlugin:
+    known = backends()
+    if name not in known:
+        raise ValueError(f"unknown backend {name!r}; installed: {', '.join(sorted(known))}")
+    return known[name]
+
+
+def is_engine(spec: ModelSpec) -> bool:
+    return plugin_for(spec).kind == "engine"
