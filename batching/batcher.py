@@ -254,7 +254,9 @@ class ModelBatcher:
 
     # -- the loop --------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, *, background: bool = True) -> None:
+        """Start consuming; with ``background`` also the task that runs :meth:`run_due` (a
+        test steps it itself)."""
         now = self._clock()
         if not self.engine:
             for batch_id, _lease in await self._store.open_batches(self.spec.name):
@@ -273,7 +275,8 @@ class ModelBatcher:
         await self._queue.consume(self.spec.name, Lane.BULK, self.on_message, cfg.bulk_prefetch)
         for job in self._jobs:
             job.due_at = now + job.period_s
-        self._tasks = [asyncio.create_task(self._background())]
+        if background:
+            self._tasks = [asyncio.create_task(self._background())]
         log.info(
             "batcher_started model=%s kind=%s policy=%s max_batch_size=%d inflight=%d",
             self.spec.name,

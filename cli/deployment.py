@@ -72,14 +72,21 @@ class Stack:
             self.keys[tenant] = self.make_key(tenant)
         return {"Authorization": f"Bearer {self.keys[tenant]}"}
 
-    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> Role:
-        """Start a role (``api``, ``batcher``, ``worker``, ``maintenance``) under ``name``.
+    def start(
+        self,
+        name: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        python: str | None = None,
+    ) -> Role:
+        """Start a role (``api``, ``batcher``, ``worker``, ``maintenance``) under ``name``,
+        with this interpreter or ``python`` (an engine's own environment).
 
         Without ``args`` a known role restarts with the arguments it had."""
         role = self.roles.get(name)
         log_path = self.log_dir / f"{name.replace(':', '_')}.log"
         if role is None or args:
-            role = Role(name, [sys.executable, "-m", "cli", *args], log_path)
+            role = Role(name, [python or sys.executable, "-m", "cli", *args], log_path)
             self.roles[name] = role
         log = open(role.log_path, "ab")  # noqa: SIM115 - the child owns it
         role.process = subprocess.Popen(

@@ -122,6 +122,13 @@ class EngineHealth:
 OnUpdates = Callable[[Sequence[SequenceUpdate]], None]
 
 
+def warmup_prompts(count: int) -> list[str]:
+    """Synthetic prompts of about 90 tokens, each a little different, that an engine measures
+    its speed with when it starts (they never reach a caller)."""
+    words = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"] * 8
+    return [" ".join([*words[n % 10 :], str(n)]) for n in range(count)]
+
+
 class Engine(ABC):
     """A loaded model that serves many sequences at once.
 

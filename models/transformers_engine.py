@@ -39,6 +39,7 @@ from models.engine import (
     OnUpdates,
     SequenceRequest,
     SequenceUpdate,
+    warmup_prompts,
 )
 from models.hf import (
     cpu_threads,
@@ -463,8 +464,7 @@ class TransformersEngine(Engine):
         """Time a prefill and decode steps alone and with every row busy (this also warms the
         kernels up), with synthetic prompts that never reach a caller."""
         sink: list[SequenceUpdate] = []
-        words = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"] * 8
-        prompts = [" ".join([*words[n % 10 :], str(n)]) for n in range(self.max_num_seqs)]
+        prompts = warmup_prompts(self.max_num_seqs)
         with torch.inference_mode():
             alone = self._timed_run(prompts[:1], max_tokens=6, sink=sink)
             full = self._timed_run(prompts, max_tokens=6, sink=sink)

@@ -1,0 +1,189 @@
+"""The vllm backend: vLLM's engine (its CPU build) on an engine worker, through the whole stack.
+
+vLLM's CPU build pins its own torch and an older transformers, so its worker runs from its own
+environment (``make vllm-env`` makes ``.venv-vllm``) and talks to the servers like any role.
+Its engine takes a minute to start, so one deployment serves the whole module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from cli.deployment import ROOT, Stack
+from models.engine import SequenceRequest
+from models.registry import load_registry
+from models.transformers_engine import TransformersEngine
+from tests.conftest import TEST_MODELS, registered_test_models, server_env
+from tests.support import keys, servers
+from tests.support.live import db_rows, wait_terminal
+
+VLLM = "smollm2-vllm"
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three colours.",
+    "Explain in one sentence why the sky looks blue during the day.",
+    "Write a haiku about autumn leaves falling gently onto a quiet pond.",
+    "List the planets of the solar system in order from the Sun.",
+    "Summarise this: the committee met on Tuesday to discuss the budget for next year, and "
+    "after a long debate about the costs of the new library wing agreed to meet again.",
+]
+
+
+def chat(question: str, max_tokens: int = 24, **params: object) -> dict[str, object]:
+    return {
+        "model": VLLM,
+        "messages": [{"role": "user", "content": question}],
+        "params": {"max_tokens": max_tokens, "temperature": 0, **params},
+    }
+
+
+async def submit(http: httpx.AsyncClient, body: dict[str, object]) -> str:
+    response = await http.post("/v1/requests", json=body)
+    assert response.status_code == 202, response.text
+    return str(response.json()["id"])
+
+
+@pytest.fixture(scope="module")
+def vllm_stack(
+    template_db: str, run_id: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    if not VLLM_PYTHON.exists():
+        message = f"no vLLM environment at {VLLM_PYTHON.parent.parent} (make vllm-env)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    database = f"{servers.DB_PREFIX}{run_id}_vllm"
+    servers.create_database(database, template=template_db)
+    namespace = f"{run_id}vllm"
+    env = {**os.environ, **server_env(servers.pg_url(database), namespace)}
+    stack = Stack(env=env, log_dir=tmp_path_factory.mktemp("vllm"), keys={"tests": keys.key()})
+    try:
+        stack.start("batcher", "batcher")
+        stack.start("maintenance", "maintenance")
+        stack.start("worker:vllm", "worker", "--model", VLLM, python=str(VLLM_PYTHON))
+        stack.start_api()
+        stack.wait_slots(VLLM, 16, timeout_s=400)
+        yield stack
+    finally:
+        stack.stop_all()
+        servers.delete_namespace_queues(namespace, registered_test_models())
+        servers.drop_database(database)
+
+
+@pytest.fixture
+async def http(vllm_stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(
+        base_url=vllm_stack.url, timeout=120, headers=keys.auth()
+    ) as client:
+        yield client
+
+
+async def test_greedy_answers_equal_the_transformers_engines(
+    vllm_stack: Stack, http: httpx.AsyncClient
+) -> None:
+    ids = [await submit(http, chat(q)) for q in QUESTIONS]
+    results = await wait_terminal(http, ids, timeout_s=300)
+
+    # The same weights, float32, greedy, in this process on the transformers engine.
+    spec = load_registry(TEST_MODELS).get("smollm2-135m")
+    assert spec is not None
+    engine = TransformersEngine(spec)
+    expected: dict[str, str] = {}
+    finished: set[str] = set()
+    for n, question in enumerate(QUESTIONS):
+        engine.add(SequenceRequest(f"t{n}", None, [{"role": "user", "content": question}], 24, 0.0))
+    with torch.inference_mode():
+        while len(finished) < len(QUESTIONS):
+            for update in engine.step():
+                expected[update.request_id] = expected.get(update.request_id, "") + update.text
+                if update.finished:
+                    finished.add(update.request_id)
+    for n, request_id in enumerate(ids):
+        result = results[request_id]
+        assert result["status"] == "succeeded", result
+        assert result["output"]["text"] == expected[f"t{n}"], (QUESTIONS[n], result["output"])
+
+
+async def test_each_request_keeps_its_own_parameters(
+    vllm_stack: Stack, http: httpx.AsyncClient
+) -> None:
+    story = "Tell me a story about a dragon who learns to bake bread."
+    free_id = await submit(http, chat(story, 30))
+    free = (await wait_terminal(http, [free_id], timeout_s=120))[free_id]["output"]["text"]
+    stop = f" {free.split()[4]}"
+    ids = {
+        "length": await submit(http, chat(story, 7, ignore_eos=True)),
+        "stopped": await submit(http, chat(story, 30, stop=[stop])),
+        "seeded_a": await submit(http, chat(story, 16, temperature=0.9, seed=7)),
+        "seeded_b": await submit(http, chat(story, 16, temperature=0.9, seed=7)),
+    }
+    results = await wait_terminal(http, list(ids.values()), timeout_s=120)
+    by = {k: results[v] for k, v in ids.items()}
+    assert by["length"]["usage"]["completion_tokens"] == 7
+    assert by["length"]["output"]["finish_reason"] == "length"
+    assert by["stopped"]["output"]["text"] == free[: free.index(stop)]
+    assert by["stopped"]["output"]["finish_reason"] == "stop"
+    assert by["seeded_a"]["output"]["text"] == by["seeded_b"]["output"]["text"]
+
+
+async def test_cancelling_a_running_sequence_stops_vllm_generating_it(
+    vllm_stack: Stack, http: httpx.AsyncClient
+) -> None:
+    request_id = await submit(http, chat("Write a very long story.", 500, ignore_eos=True))
+    for _ in range(600):
+        if (await http.get(f"/v1/requests/{request_id}")).json()["status"] == "running":
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.0)
+    assert (await http.post(f"/v1/requests/{request_id}/cancel")).status_code == 200
+    result = (await wait_terminal(http, [request_id], timeout_s=60))[request_id]
+    assert result["status"] == "cancelled"
+    for _ in range(100):
+        rows = db_rows(
+            vllm_stack,
+            "SELECT generated_tokens FROM batches WHERE id = :b",
+            b=result["batch_id"],
+        )
+        if rows and rows[0][0] is not None:
+            break
+        await asyncio.sleep(0.2)
+    assert rows[0][0] < 500  # the engine stopped generating for it
+
+
+async def test_many_requests_at_once_never_overfill_the_engine(
+    vllm_stack: Stack, http: httpx.AsyncClient
+) -> None:
+    ids = await asyncio.gather(
+        *(submit(http, chat(f"{QUESTIONS[n % len(QUESTIONS)]} ({n})", 12)) for n in range(40))
+    )
+    results = await wait_terminal(http, ids, timeout_s=300)
+    assert {r["status"] for r in results.values()} == {"succeeded"}
+    rows = db_rows(
+        vllm_stack,
+        "SELECT extract(epoch FROM finished_at), model_ms FROM requests "
+        "WHERE id = ANY(CAST(:ids AS uuid[]))",
+        ids=list(ids),
+    )
+    edges = sorted(
+        [(float(end) - ms / 1000.0, 1) for end, ms in rows] + [(float(end), -1) for end, _ in rows]
+    )
+    running = peak = 0
+    for _, step in edges:
+        running += step
+        peak = max(peak, running)
+    assert peak <= 16, peak
+
+
+def test_the_vllm_worker_log_shows_its_engine(vllm_stack: Stack) -> None:
+    log = vllm_stack.logs("worker:vllm")
+    assert "engine_loaded" in log and "backend=vllm" in log
+    assert "engine_profile" in log
+    assert Path(VLLM_PYTHON).exists()

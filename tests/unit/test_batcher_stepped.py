@@ -1,0 +1,260 @@
+"""The live batcher stepped with a fake clock on the embedded adapters: no sleeps, no servers.
+
+``step(now)`` is one decision and ``run_due(now)`` the background jobs due then (slot and
+capacity refresh, reconcile, learning, load publishing), exactly what the running loop calls.
+A job that exists but is never scheduled fails here: that is how the learned batch time once
+went unwired.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+from batching.batcher import BatcherConfig, ModelBatcher
+from batching.estimate import BatchShape, FixedBatchTime, LearnedBatchTime
+from core.broker import Delivery, MemoryRequestQueue
+from core.domain import (
+    BatchClosed,
+    BatchMessage,
+    BatchOutcome,
+    ItemResult,
+    Lane,
+    QueueMessage,
+    SequencesFreed,
+    Timings,
+)
+from core.events import MemoryEventBus
+from core.loadboard import MemoryLoadBoard
+from core.slots import MemorySlotDirectory
+from core.store import ItemOutcome, JobStore
+from models.registry import ModelSpec
+from tests.support.stepped import Clock, sqlite_store, submit
+
+ENGINE = ModelSpec(name="engine", backend="transformers", max_batch_size=8)
+ECHO = ModelSpec(name="echo", backend="fixed", batch_time_ms=100, max_batch_size=4)
+PROFILE = {"prefill_tokens_per_s": 1000.0, "decode_step_s": 0.05, "decode_step_s_alone": 0.02}
+
+
+class Sent:
+    """A dispatcher that keeps what it is handed."""
+
+    def __init__(self) -> None:
+        self.messages: list[BatchMessage] = []
+        self.limits: list[float | None] = []
+
+    async def dispatch(self, message: BatchMessage, time_limit_s: float | None) -> None:
+        self.messages.append(message)
+        self.limits.append(time_limit_s)
+
+    @property
+    def ids(self) -> list[str]:
+        return [i.request_id for m in self.messages for i in m.items]
+
+
+class Rig:
+    def __init__(self, tmp_path: Path, spec: ModelSpec, **batcher: object) -> None:
+        self.clock = Clock(now=time.time())
+        self.events = MemoryEventBus()
+        self.store: JobStore = sqlite_store(tmp_path, on_change=self.events.publish)
+        self.slots = MemorySlotDirectory()
+        self.queue = MemoryRequestQueue()
+        self.board = MemoryLoadBoard()
+        self.sent = Sent()
+        self.spec = spec
+        self.batcher = ModelBatcher(
+            spec,
+            store=self.store,
+            queue=self.queue,
+            dispatcher=self.sent,
+            slots=self.slots,
+            events=self.events,
+            config=BatcherConfig(),
+            loadboard=self.board,
+            clock=self.clock,
+            **batcher,  # type: ignore[arg-type]
+        )
+
+    def engines(self, seqs: int, tokens: int = 100_000) -> None:
+        self.slots.register(
+            self.spec.name, "w1", seqs, float("inf"), tokens=tokens, profile=PROFILE
+        )
+
+    async def start(self) -> None:
+        await self.batcher.start(background=False)
+
+    async def arrive(
+        self, count: int, *, max_tokens: int = 16, timeout_s: float = 600.0
+    ) -> list[str]:
+        """Requests committed and handed to the batcher, as the API and the broker would."""
+        texts = [f"request number {n}" for n in range(count)]
+        ids = await submit(
+            self.store,
+            texts,
+            model=self.spec.name,
+            now=self.clock(),
+            max_tokens=max_tokens,
+            timeout_s=timeout_s,
+        )
+        for request_id in ids:
+            message = QueueMessage(
+                id=request_id,
+                model=self.spec.name,
+                lane=Lane.INTERACTIVE,
+                tenant="t1",
+                created_at=self.clock(),
+                deadline=self.clock() + timeout_s,
+                prompt_tokens=3,
+                max_tokens=max_tokens,
+            )
+            await self.batcher.on_message(message, _Delivery())
+        return ids
+
+    async def decide(self) -> None:
+        """Step until the batcher has nothing more to do at this moment."""
+        for _ in range(100):
+            due = await self.batcher.step(self.clock())
+            if due is None or due > self.clock():
+                return
+        raise AssertionError("the batcher never settled")
+
+
+class _Delivery(Delivery):
+    redelivered = False
+
+    async def ack(self) -> None:
+        return None
+
+    async def release(self) -> None:
+        return None
+
+
+async def test_an_engine_model_is_sent_only_what_its_engines_hold(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, ENGINE)
+    rig.engines(seqs=5)
+    await rig.start()
+    ids = await rig.arrive(12)
+
+    await rig.decide()
+    assert len(rig.sent.ids) == 5  # no more than the engine's five sequences
+    assert all(len(m.items) <= ENGINE.max_batch_size for m in rig.sent.messages)
+
+    # Two sequences leave their engine: two more go at once, the rest keep waiting.
+    first = rig.sent.messages[0]
+    gone = tuple(i.request_id for i in first.items[:2])
+    rig.batcher.on_event(SequencesFreed(ENGINE.name, first.batch_id, gone))
+    await rig.decide()
+    assert len(rig.sent.ids) == 7 and set(rig.sent.ids) <= set(ids)
+    assert len(rig.batcher.pending) == 5
+
+
+async def test_an_engine_batch_carries_deadlines_and_time_limits(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, ENGINE)
+    rig.engines(seqs=4)
+    await rig.start()
+    await rig.batcher.run_due(rig.clock() + 1)  # reads the engine's measured speed
+    await rig.arrive(2, max_tokens=200, timeout_s=300.0)
+
+    await rig.decide()
+
+    [message] = rig.sent.messages
+    assert rig.sent.limits == [None]  # no kill limit on the hand-over task
+    for item in message.items:
+        assert item.deadline is not None and abs(item.deadline - (rig.clock() + 300.0)) < 1.0
+        # 3 prompt tokens at 1,000/s and 200 decode steps of 50 ms: 10 s, so 4 x 10 s.
+        assert item.time_limit_s is not None and 39.0 < item.time_limit_s < 41.0
+
+
+async def test_the_capacity_of_a_reaped_batch_comes_back_by_reconciling(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, ENGINE)
+    rig.engines(seqs=2)
+    await rig.start()
+    await rig.arrive(4)
+    await rig.decide()
+    assert len(rig.sent.ids) == 2
+    # The worker died: maintenance reaped the batch, and its BatchClosed event was lost.
+    batch_id = uuid.UUID(rig.sent.messages[0].batch_id)
+    await rig.store.reap_batch(batch_id, now=rig.clock(), outcome=BatchOutcome.ABANDONED)
+
+    await rig.batcher.run_due(rig.clock() + BatcherConfig().reconcile_s)
+    await rig.decide()
+
+    assert len(rig.sent.ids) == 4  # the other two went once Postgres showed the room free
+
+
+async def test_the_learned_sequence_time_is_fed_by_the_running_batcher(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, ENGINE)
+    rig.engines(seqs=4)
+    await rig.start()  # reads what the engines announced, their measured speed included
+    assert rig.batcher.estimate()["source"] == "engine-profile"
+    # Four requests finish in the engine: 1 s fixed and 20 ms a generated token.
+    await rig.arrive(4, max_tokens=50)
+    await rig.decide()
+    for message in rig.sent.messages:
+        batch_id = uuid.UUID(message.batch_id)
+        start = await rig.store.start_batch(batch_id, "w1/1", rig.clock(), 2.0)
+        assert start is not None and not hasattr(start, "requeued")
+        outcomes = [
+            ItemOutcome(
+                _result(i.request_id, tokens=10 + 4 * n),
+                _timings(1.0 + 0.02 * (10 + 4 * n)),
+                finished_at=rig.clock(),
+            )
+            for n, i in enumerate(message.items)
+        ]
+        written = await rig.store.complete_items(
+            batch_id, attempt=1, outcomes=outcomes, now=rig.clock()
+        )
+        assert written is not None and len(written) == len(message.items)
+    assert rig.batcher.estimate()["observations"] == 0
+
+    # Only the batcher's own schedule (run_due at its learning period) feeds the estimator.
+    await rig.batcher.run_due(rig.clock() + BatcherConfig().learn_s + 1)
+
+    assert int(str(rig.batcher.estimate()["observations"])) >= 4
+
+
+async def test_a_learned_batch_time_is_scheduled_for_batch_models(tmp_path: Path) -> None:
+    learned = LearnedBatchTime(FixedBatchTime(0.1), min_observations=2)
+    rig = Rig(tmp_path, ECHO, estimator=learned)
+    rig.slots.register(ECHO.name, "w1", 1, float("inf"))
+    await rig.start()
+    for _ in range(3):
+        await rig.arrive(4)
+        await rig.decide()
+        message = rig.sent.messages[-1]
+        batch_id = uuid.UUID(message.batch_id)
+        start = await rig.store.start_batch(batch_id, "w1", rig.clock(), 2.0)
+        assert start is not None and not hasattr(start, "requeued")
+        outcomes = [ItemOutcome(_result(i.request_id), _timings(0.5)) for i in message.items]
+        rig.clock.advance(0.5)
+        await rig.store.complete_batch(
+            batch_id, attempt=1, outcomes=outcomes, now=rig.clock(), model_ms=500.0
+        )
+        rig.batcher.on_event(_closed(ECHO.name, message.batch_id))
+    assert learned.num_observations == 0
+
+    await rig.batcher.run_due(rig.clock() + BatcherConfig().learn_s + 1)
+
+    assert learned.num_observations == 3
+    assert rig.batcher.estimate()["source"] == "learned"
+    assert abs(learned.batch_s(_shape(4)) - 0.5) < 0.01
+
+
+def _result(request_id: str, tokens: int = 4) -> ItemResult:
+    return ItemResult(
+        request_id, output="x", finish_reason="length", prompt_tokens=3, completion_tokens=tokens
+    )
+
+
+def _timings(model_s: float) -> Timings:
+    return Timings(1.0, 1.0, model_s * 1000.0, model_s * 1000.0 + 2.0)
+
+
+def _closed(model: str, batch_id: str) -> BatchClosed:
+    return BatchClosed(model=model, batch_id=batch_id, outcome="succeeded")
+
+
+def _shape(size: int) -> BatchShape:
+    return BatchShape(size, 3 * size, 16)
