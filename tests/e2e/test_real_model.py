@@ -96,10 +96,10 @@ async def test_64_chat_requests_and_two_models_at_once(
         "GROUP BY b.id HAVING count(DISTINCT r.model) > 1 OR min(r.model) <> min(b.model)",
     )
     assert mixed == []  # every batch held one model
-    # The batcher never sent the engine more than it holds (16 sequences in the test
+    # The batcher never sent the engine more than it holds (32 sequences in the test
     # registry): at no moment were more requests in it than that.
     peak = most_at_once(engine_spans(stack, SMOL))
-    assert 8 <= peak <= 16, peak
+    assert 16 <= peak <= 32, peak
     open_batches = db_rows(stack, "SELECT count(*) FROM batches WHERE outcome IS NULL")
     assert open_batches[0][0] == 0  # every batch closed when its last sequence left
 
@@ -174,7 +174,7 @@ async def test_the_learned_sequence_time_is_live(stack: Stack, http: httpx.Async
         await asyncio.sleep(0.1)
     assert model["kind"] == "engine"
     assert model["estimate"]["source"] == "engine-profile"  # measured by the engine at start
-    assert model["capacity"]["seqs"] == 16
+    assert model["capacity"]["seqs"] == 32
     ids = [await submit(http, chat(q, 8)) for q in QUESTIONS + QUESTIONS[:2]]
     await wait_terminal(http, ids, timeout_s=300)
     for _ in range(100):  # the batcher learns every 2 s

@@ -1,0 +1,75 @@
+"""An engine worker killed mid-generation: what had not finished runs again, exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+
+from cli.deployment import Stack
+from tests.chaos.conftest import exactly_once
+from tests.support.live import db_rows, wait_terminal
+
+SMOL = "smollm2-135m"  # an engine of 32 sequences in the test registry
+
+
+async def test_sigkill_with_32_sequences_running_loses_and_repeats_nothing(
+    stack: Stack, http: httpx.AsyncClient
+) -> None:
+    stack.start("batcher", "batcher")
+    stack.start("maintenance", "maintenance")
+    stack.start("worker", "worker", "--model", SMOL)
+    stack.start_api()
+    stack.wait_slots(SMOL, 32)
+    # A third are short: they finish early and the waiting ones take their room.
+    bodies = [
+        {
+            "model": SMOL,
+            "messages": [{"role": "user", "content": f"Tell me a long story, number {n}."}],
+            "params": {"max_tokens": 8 if n % 3 == 0 else 64, "temperature": 0, "ignore_eos": True},
+        }
+        for n in range(48)
+    ]
+    responses = await asyncio.gather(*(http.post("/v1/requests", json=b) for b in bodies))
+    assert all(r.status_code == 202 for r in responses), [r.text for r in responses][:2]
+    ids = [r.json()["id"] for r in responses]
+
+    # Until some have finished and the engine holds a full 32 again, mid-generation.
+    give_up = time.monotonic() + 180
+    while time.monotonic() < give_up:
+        counts = dict(db_rows(stack, "SELECT state, count(*) FROM requests GROUP BY state"))
+        if counts.get("succeeded", 0) >= 8 and counts.get("running", 0) >= 32:
+            break
+        await asyncio.sleep(0.1)
+    assert counts.get("running") == 32, counts  # never more than the engine holds
+    await asyncio.sleep(1.0)
+    before = {
+        str(r[0]): r[1]
+        for r in db_rows(stack, "SELECT id, output FROM requests WHERE state = 'succeeded'")
+    }
+    killed_at = time.time()
+    stack.kill("worker")  # SIGKILL: the engine and every sequence in it die at once
+    in_flight = {
+        str(r[0]) for r in db_rows(stack, "SELECT id FROM requests WHERE state = 'running'")
+    }
+    assert len(in_flight) == 32
+    stack.start("worker")
+
+    results = await wait_terminal(http, ids, timeout_s=600)
+    recovered_s = time.time() - killed_at
+    print(f"\n32 sequences killed mid-generation; all 48 done {recovered_s:.1f} s after the kill")
+    assert {r["status"] for r in results.values()} == {"succeeded"}
+    for n, request_id in enumerate(ids):
+        expected = 8 if n % 3 == 0 else 64
+        assert results[request_id]["usage"]["completion_tokens"] == expected
+    for request_id, output in before.items():
+        # What had finished before the kill was not run again, nor its answer touched.
+        assert results[request_id]["attempts"] == 1
+        assert results[request_id]["output"]["text"] == output
+    for request_id in in_flight:  # what was running ran again (a dispatch more, at least)
+        assert results[request_id]["attempts"] >= 2
+    report = exactly_once(stack, ids)
+    assert report.lost == 0 and report.duplicated == 0
+    crashed = db_rows(stack, "SELECT count(*) FROM batches WHERE outcome = 'crashed'")[0][0]
+    assert crashed >= 1
