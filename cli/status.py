@@ -76,6 +76,9 @@ def status_report(snapshot: dict[str, Any]) -> dict[str, Any]:
                 "recommended_workers": capacity["recommended_workers"] if capacity else None,
                 "min_workers": capacity["min_workers"] if capacity else None,
                 "per_worker_rps": capacity["per_worker_rps"] if capacity else None,
+                "kind": m.get("kind", "batch"),
+                # What the batcher believes a batch (an engine model: a sequence) takes now.
+                "estimate": m.get("estimate"),
             }
         )
     return {
@@ -142,6 +145,12 @@ def print_report(report: dict[str, Any]) -> None:
     for m in report["models"]:
         if m["batches"]:
             console.print(f"batch sizes {m['model']}: {_sizes(m['batch_sizes'])}")
+        estimate = m.get("estimate")
+        if estimate:
+            console.print(
+                f"estimate {m['model']}: a typical {estimate['unit']} {estimate['typical_s']:.3f} s"
+                f" ({estimate['source']}, {estimate['observations']} observed)"
+            )
     finished = ", ".join(f"{state} {n:,}" for state, n in sorted(report["finished"].items()))
     console.print(f"finished: {finished or 'none'}")
     for f in report["recent_failures"]:

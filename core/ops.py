@@ -13,6 +13,7 @@ number of dashboards and scrapers cost one round of queries a second:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from collections import Counter
@@ -25,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from batching.capacity import plan_capacity
 from core.domain import Lane, RequestState
+from core.loadboard import LoadBoard
 from core.slots import SlotDirectory
 from core.store.stats import FinishedRequest, RecentBatch, StatsReader
 from models.registry import ModelSpec, Registry
@@ -105,6 +107,10 @@ class ModelStatus:
     batch_sizes: dict[int, int]
     latency: Percentiles
     capacity: CapacityAdvice | None
+    kind: str = "batch"
+    # The batcher's current time estimate (a batch's, or an engine model's sequence's) and
+    # where it comes from; None without a live batcher.
+    estimate: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,11 +179,13 @@ class OpsView:
         slots: SlotDirectory,
         registry: Registry,
         *,
+        loadboard: LoadBoard | None = None,
         ttl_s: float = 1.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._stats = stats
         self._slots = slots
+        self._loadboard = loadboard
         self._registry = registry
         self._clock = clock
         self._gauges = _Cached(ttl_s)
@@ -225,8 +233,9 @@ class OpsView:
         batches = await self._stats.recent_batches(since)
         arrivals = await self._stats.arrivals(recent)
         failures = await self._stats.recent_failures(since)
-        models = tuple(
-            _model_status(
+        models = []
+        for spec in self._registry.specs():
+            status = _model_status(
                 spec,
                 gauges[spec.name],
                 [f for f in finished if f.model == spec.name],
@@ -234,12 +243,11 @@ class OpsView:
                 arrivals.get(spec.name, 0) / RATE_WINDOW_S,
                 recent,
             )
-            for spec in self._registry.specs()
-        )
+            models.append(await self._with_estimate(status, now))
         return Snapshot(
             at=now,
             window_s=WINDOW_S,
-            models=models,
+            models=tuple(models),
             latency_series=tuple(_series(finished, since, now)),
             finished=dict(Counter(f.state for f in finished)),
             recent_failures=tuple(FailureView(**asdict(f)) for f in failures),
@@ -251,6 +259,45 @@ class OpsView:
                 "throughput_rps": round(sum(m.throughput_rps for m in models), 3),
             },
         )
+
+    async def _with_estimate(self, status: ModelStatus, now: float) -> ModelStatus:
+        """The batcher's estimate for the model; for an engine model also the capacity advice
+        from it (an engine serves its sequences every typical sequence time)."""
+        if self._loadboard is None:
+            return status
+        snapshot = await self._loadboard.fresh(status.name, now)
+        if snapshot is None:
+            return status
+        capacity = status.capacity
+        if snapshot.kind == "engine":
+            capacity = None
+            found = await self._slots.capacity(status.name, now)
+            if found is not None and found.workers and status.arrival_rps > 0:
+                capacity = advise_engine(
+                    status.arrival_rps, found.units // found.workers, snapshot.batch_s
+                )
+        return dataclasses.replace(
+            status, kind=snapshot.kind, estimate=snapshot.estimate or None, capacity=capacity
+        )
+
+
+def advise_engine(arrival_rps: float, seqs_per_engine: int, sequence_s: float) -> CapacityAdvice:
+    """Engines for the observed rate: each keeps ``seqs_per_engine`` sequences running and
+    finishes them in a typical sequence's time."""
+    plan = plan_capacity(
+        rate_rps=arrival_rps,
+        max_batch=max(1, seqs_per_engine),
+        batch_time_s=max(sequence_s, 1e-6),
+        headroom=HEADROOM,
+    )
+    return CapacityAdvice(
+        arrival_rps=round(arrival_rps, 3),
+        batch_time_ms=round(sequence_s * 1000.0, 2),
+        max_batch_size=seqs_per_engine,
+        per_worker_rps=round(plan.per_worker_rps, 2),
+        min_workers=plan.min_workers,
+        recommended_workers=plan.recommended_workers,
+    )
 
 
 def _succeeded(rows: Iterable[FinishedRequest]) -> list[FinishedRequest]:

@@ -34,7 +34,12 @@ def ops_view(request: Request, services: ApiServices) -> tuple[OpsView, Collecto
     state = request.app.state
     if getattr(state, "ops_view", None) is None:
         adapters = services.adapters
-        view = OpsView(StatsReader(adapters.engine), adapters.slots, adapters.registry)
+        view = OpsView(
+            StatsReader(adapters.engine),
+            adapters.slots,
+            adapters.registry,
+            loadboard=adapters.loadboard,
+        )
         cluster = CollectorRegistry(auto_describe=False)
         cluster.register(ClusterCollector(view))
         state.ops_view, state.ops_registry = view, cluster

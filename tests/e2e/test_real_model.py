@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from datetime import datetime
 
 import httpx
+from typer.testing import CliRunner
 
 from cli.deployment import Stack
+from cli.main import app
 from tests.support.live import db_rows, wait_terminal
 
 SMOL = "smollm2-135m"
@@ -185,6 +188,11 @@ async def test_the_learned_sequence_time_is_live(stack: Stack, http: httpx.Async
     estimate = model["estimate"]
     assert estimate["source"] == "learned" and estimate["observations"] >= 8, estimate
     assert estimate["per_token_s"] > 0
+    # `batchserve status --json` shows the same belief.
+    result = CliRunner().invoke(app, ["status", "--url", stack.url, "--json"])
+    assert result.exit_code == 0, result.output
+    [row] = [m for m in json.loads(result.output)["models"] if m["model"] == SMOL]
+    assert row["kind"] == "engine" and row["estimate"]["source"] == "learned"
 
 
 async def test_a_hopeless_deadline_is_refused_at_submit(
