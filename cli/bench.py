@@ -71,15 +71,17 @@ def bench(
     ),
     keep: Annotated[bool, typer.Option(help="Keep the run's database and logs")] = False,
     model: Annotated[str, typer.Option(help="Model (scenario model)")] = "smollm2-135m",
-    sizes: Annotated[str, typer.Option(help="Batch sizes (scenario model)")] = "1,2,4,8,16,32",
-    max_tokens: Annotated[int, typer.Option(help="New tokens a request (scenario model)")] = 32,
-    estimate_batches: Annotated[
-        int,
-        typer.Option(
-            help="Scenario model: also run this many random-shape batches to score the learned "
-            "batch time on held-out ones and simulate length classes with it (0: skip)"
-        ),
-    ] = 0,
+    prompts: Annotated[int, typer.Option(help="Chat prompts (scenario model)")] = 64,
+    max_tokens: Annotated[int, typer.Option(help="New tokens a request (scenario model)")] = 64,
+    mixed_s: Annotated[
+        float, typer.Option(help="Scenario model: seconds of mixed short/long traffic (0: skip)")
+    ] = 120.0,
+    vllm: Annotated[
+        bool, typer.Option(help="Scenario model: also vLLM, direct and as a backend")
+    ] = True,
+    transformers_cb: Annotated[
+        bool, typer.Option(help="Scenario model: also transformers' own continuous batching")
+    ] = True,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG plot here")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document")] = False,
 ) -> None:
@@ -87,8 +89,7 @@ def bench(
     if scenario not in SCENARIOS:
         raise typer.BadParameter(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
     if scenario == "model":
-        sizes_list = [int(s) for s in sizes.split(",")]
-        _model(model, sizes_list, max_tokens, plot, as_json, estimate_batches)
+        _model(model, prompts, max_tokens, mixed_s, vllm, transformers_cb, as_json)
         return
     from cli.bench_run import BenchOptions, run_scenarios
 
@@ -160,55 +161,68 @@ def _finite(value: Any) -> Any:
 
 def _model(
     name: str,
-    sizes: list[int],
+    prompts: int,
     max_tokens: int,
-    plot: Path | None,
+    mixed_s: float,
+    vllm: bool,
+    transformers_cb: bool,
     as_json: bool,
-    estimate_batches: int = 0,
 ) -> None:
-    from cli.bench_model import bench_model, plot_model_bench
+    from cli.bench_model import model_scenario
     from core.settings import load_settings
     from models.registry import load_registry
 
     spec = load_registry(load_settings().models).get(name)
     if spec is None:
         raise typer.BadParameter(f"unknown model {name}")
-    result = bench_model(spec, sizes, max_tokens, estimate_batches=estimate_batches)
-    if plot is not None:
-        plot_model_bench(result, plot)
+    # With --json the document is stdout's: progress goes to stderr.
+    say = Console(stderr=True).print if as_json else console.print
+    result = _run_loop_any(
+        model_scenario(
+            spec,
+            prompts=prompts,
+            max_tokens=max_tokens,
+            mixed_s=mixed_s,
+            vllm=vllm,
+            transformers_cb=transformers_cb,
+            say=say,
+        )
+    )
+    doc = result.as_dict()
     if as_json:
-        typer.echo(json.dumps(result.as_dict(), indent=2))
+        typer.echo(json.dumps(_finite(doc), indent=2))
         return
-    table = Table(title=f"{name}: {max_tokens} new tokens a request, greedy")
-    for column in ("batch size", "batch s", "generated tokens", "tokens/s", "requests/s"):
+    table = Table(
+        title=f"{name}: {prompts} chat prompts of {min(doc['prompt_tokens'])}-"
+        f"{max(doc['prompt_tokens'])} tokens, {max_tokens} new tokens each, greedy, "
+        f"{doc['threads']} thread(s)"
+    )
+    for column in ("how", "tokens", "seconds", "tokens/s", ""):
         table.add_column(column, justify="right")
-    for p in result.points:
+    for figure in doc["figures"]:
         table.add_row(
-            str(p.batch_size),
-            f"{p.batch_s:.2f}",
-            str(p.generated_tokens),
-            f"{p.tokens_per_s:.1f}",
-            f"{p.requests_per_s:.2f}",
+            figure["name"],
+            str(figure["tokens"]),
+            f"{figure['seconds']:.1f}",
+            f"{figure['tokens_per_s']:.1f}",
+            figure["notes"],
         )
     console.print(table)
-    console.print(
-        f"one at a time: {result.one_at_a_time_tokens_per_s:.1f} tokens/s; batched "
-        f"({max(sizes)}): {result.batched_tokens_per_s:.1f} tokens/s = "
-        f"{result.batched_vs_one_at_a_time:.1f}x"
-    )
-    if result.estimate is not None:
-        e = result.estimate
+    for key, value in doc["ratios"].items():
+        if value is not None:
+            console.print(f"{key}: {value:.2f}x")
+    if doc["mixed"]:
+        m = doc["mixed"]
         console.print(
-            f"learned batch time on {e.held_out} held-out of {e.batches} random batches: "
-            f"median relative error {e.median_relative_error:.1%}, "
-            f"p90 {e.p90_relative_error:.1%}"
+            f"mixed (80% 16 tokens, 20% 256, {m['rate_rps']:.2f} req/s = {m['load']:.0%} of "
+            f"capacity, {m['requests']} requests): short p90 {m['short_mixed_p90_s']:.2f} s "
+            f"against {m['short_alone_p90_s']:.2f} s alone = {m['short_p90_vs_alone']:.2f}x"
         )
-    if result.grouping is not None:
-        g = result.grouping
-        console.print(
-            f"mixed workload ({g.short_share:.0%} of requests {g.short_max_tokens} tokens, the "
-            f"rest {g.long_max_tokens}, {g.rate_rps:.2f} req/s, simulated with that estimate): "
-            f"short p90 {g.short_p90_s_grouped:.1f} s with length classes, "
-            f"{g.short_p90_s_mixed:.1f} s without; long p90 {g.long_p90_s_grouped:.1f} s / "
-            f"{g.long_p90_s_mixed:.1f} s"
-        )
+
+
+def _run_loop_any(main: Coroutine[Any, Any, Any]) -> Any:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)

@@ -165,6 +165,8 @@ class BenchDeployment:
     # collapsed stacks when it ends in ``.txt``).
     profile_role: str | None = None
     profile_out: Path | None = None
+    # Further registry entries (name -> TOML table), e.g. the real models of the model bench.
+    extra_models: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._profiler: subprocess.Popen[bytes] | None = None
@@ -178,7 +180,8 @@ class BenchDeployment:
             hide_password=False
         )
         registry = self.log_dir / "models.toml"
-        registry.write_text("\n".join(v.toml() for v in self.catalogue.values()))
+        tables = [v.toml() for v in self.catalogue.values()] + list(self.extra_models.values())
+        registry.write_text("\n".join(tables))
         env = {
             **os.environ,
             "BATCHSERVE_DATABASE_URL": self.database_url,
@@ -302,7 +305,8 @@ class BenchDeployment:
             return
         with psycopg.connect(self._admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
-        _delete_queues(self.settings, self.run, [v.name for v in self.catalogue.values()])
+        models = [v.name for v in self.catalogue.values()] + list(self.extra_models)
+        _delete_queues(self.settings, self.run, models)
         _delete_keys(self.settings, self.run)
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.domain import BatchItem
+from core.domain import BatchItem, ErrorCode
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +120,20 @@ class EngineHealth:
 
 
 OnUpdates = Callable[[Sequence[SequenceUpdate]], None]
+
+
+def failed_update(
+    request: SequenceRequest, code: ErrorCode, message: str, prompt_tokens: int
+) -> SequenceUpdate:
+    """The last word on a sequence the engine cannot run (a bad or too long prompt)."""
+    return SequenceUpdate(
+        request_id=request.request_id,
+        text="",
+        completion_tokens=0,
+        prompt_tokens=prompt_tokens,
+        error_code=code.value,
+        error_message=message,
+    )
 
 
 def warmup_prompts(count: int) -> list[str]:

@@ -90,6 +90,11 @@ class RowCache(Cache):
             for tensor in store:
                 tensor[target, :, :length] = tensor[source, :, :length]
 
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        """Give row ``target`` the first ``length`` positions of row ``source`` (a shared
+        prompt prefix); ``source`` keeps its own."""
+        self.move_row(source, target, length)
+
     def swap_rows(self, a: int, b: int, length: int) -> None:
         """Exchange the first ``length`` positions of rows ``a`` and ``b``."""
         for store in (self._keys, self._values):

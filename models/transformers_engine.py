@@ -39,6 +39,7 @@ from models.engine import (
     OnUpdates,
     SequenceRequest,
     SequenceUpdate,
+    failed_update,
     warmup_prompts,
 )
 from models.hf import (
@@ -52,10 +53,13 @@ from models.hf import (
 from models.kv_rows import RowCache
 from models.registry import ModelSpec
 from models.sampling import sample_token, seeded_generator
+from models.scheduling import common_prefix, prefill_shape, round_up
 from models.textstream import TextStream
 
 log = logging.getLogger("batchserve.engine")
 
+# A shared prefix shorter than this is computed again: copying it costs about as much.
+_MIN_SHARED_PREFIX = 16
 # Rows are allocated in groups and columns in blocks, so the cache is resized rarely.
 _ROW_GROUP = 4
 _COLUMN_BLOCK = 64
@@ -144,6 +148,7 @@ class TransformersEngine(Engine):
         self._thread: threading.Thread | None = None
         self._emit: OnUpdates = lambda updates: None
         self.steps = 0
+        self.shared_prefix_tokens = 0  # prompt tokens copied from another sequence's cache
         self.last_step_at = clock()
         self.load_seconds = time.perf_counter() - started
         log.info(
@@ -245,7 +250,7 @@ class TransformersEngine(Engine):
         try:
             prompt_ids = encode_prompt(self.tokenizer, request.input, request.messages)
         except Exception as error:  # e.g. a chat template that rejects these messages
-            updates.append(_failed(request, ErrorCode.MODEL_ERROR, f"bad prompt: {error}", 0))
+            updates.append(failed_update(request, ErrorCode.MODEL_ERROR, f"bad prompt: {error}", 0))
             return
         if not prompt_ids:  # the model needs at least one position to predict from
             prompt_ids = [int(self.tokenizer.bos_token_id or self.tokenizer.pad_token_id or 0)]
@@ -258,7 +263,7 @@ class TransformersEngine(Engine):
                 f"{self.spec.name} can hold for one sequence"
             )
             code = ErrorCode.CONTEXT_LENGTH_EXCEEDED
-            updates.append(_failed(request, code, message, len(prompt_ids)))
+            updates.append(failed_update(request, code, message, len(prompt_ids)))
             return
         sequence = _Sequence(
             request=request,
@@ -293,7 +298,46 @@ class TransformersEngine(Engine):
             self._waiting.popleft()
             self._grow(rows, columns)
             sequence.slot = len(self._rows)
+            self._share_prefix(sequence)
             self._rows.append(sequence)
+
+    def _ready_to_prefill(self) -> list[_Sequence]:
+        """The prefilling rows that take part in this step. A row that has not started and
+        shares a prefix with another that has not either sits this step out: the other computes
+        the prefix, and it copies it at the next (a burst of chat prompts computes its template
+        once, not once a prompt)."""
+        ready: list[_Sequence] = []
+        leaders: list[_Sequence] = []
+        for sequence in self._rows[self._num_decoding :]:
+            if sequence.prefilled == 0:
+                self._share_prefix(sequence)
+            if sequence.prefilled == 0:
+                shares = [common_prefix(sequence.prompt_ids, lead.prompt_ids) for lead in leaders]
+                if any(shared >= _MIN_SHARED_PREFIX for shared in shares):
+                    continue
+                leaders.append(sequence)
+            ready.append(sequence)
+        return ready
+
+    def _share_prefix(self, sequence: _Sequence) -> None:
+        """Start a new sequence's prefill after the longest prefix of its prompt that a running
+        sequence already holds (a chat template, a system prompt): its keys and values are
+        copied, not computed again. The last prompt token is always computed (its logits are the
+        first token's)."""
+        prompt = sequence.prompt_ids
+        best, donor = 0, None
+        for row in self._rows:
+            cached = min(row.prefilled, len(row.prompt_ids))
+            limit = min(cached, len(prompt) - 1)
+            if limit <= best or row is sequence:
+                continue
+            shared = min(common_prefix(row.prompt_ids, sequence.prompt_ids), limit)
+            if shared > best:
+                best, donor = shared, row
+        if donor is not None and best >= _MIN_SHARED_PREFIX:
+            self.cache.copy_prefix(donor.slot, sequence.slot, best)
+            sequence.prefilled = best
+            self.shared_prefix_tokens += best
 
     def _grow(self, rows: int, columns: int) -> None:
         """Make room for ``rows`` x ``columns``, rounded up where the budget allows so that the
@@ -302,11 +346,11 @@ class TransformersEngine(Engine):
         if rows <= cache.rows and columns <= cache.columns:
             return
         columns = max(cache.columns, columns)
-        padded_columns = _round_up(columns, _COLUMN_BLOCK)
+        padded_columns = round_up(columns, _COLUMN_BLOCK)
         if rows * padded_columns <= self.kv_budget_tokens:
             columns = padded_columns
         rows = max(cache.rows, rows)
-        padded_rows = min(self.max_num_seqs, _round_up(rows, _ROW_GROUP))
+        padded_rows = min(self.max_num_seqs, round_up(rows, _ROW_GROUP))
         if padded_rows * columns <= self.kv_budget_tokens:
             rows = padded_rows
         cache.resize(rows, columns)
@@ -315,7 +359,7 @@ class TransformersEngine(Engine):
 
     def _prefill(self, updates: list[SequenceUpdate]) -> None:
         """One chunk of prompt for the oldest prefilling rows, ``max_prefill_tokens`` at most."""
-        prefilling = self._rows[self._num_decoding :]
+        prefilling = self._ready_to_prefill()
         remaining = [len(s.prompt_ids) - s.prefilled for s in prefilling]
         count, width = prefill_shape(remaining, self.max_prefill_tokens)
         chosen = [
@@ -446,8 +490,8 @@ class TransformersEngine(Engine):
     def _shrink(self) -> None:
         """Give memory back once the cache is much larger than what is running needs."""
         cache = self.cache
-        rows = _round_up(max(1, len(self._rows)), _ROW_GROUP)
-        columns = _round_up(max([s.reserve for s in self._rows], default=1), _COLUMN_BLOCK)
+        rows = round_up(max(1, len(self._rows)), _ROW_GROUP)
+        columns = round_up(max([s.reserve for s in self._rows], default=1), _COLUMN_BLOCK)
         if rows * 2 <= cache.rows or columns * 2 <= cache.columns:
             cache.resize(min(cache.rows, rows), min(cache.columns, columns))
 
@@ -505,40 +549,5 @@ class TransformersEngine(Engine):
         return prompt_tokens / max(prefill_s, 1e-6), decode_s
 
 
-def prefill_shape(remaining: Sequence[int], budget: int) -> tuple[int, int]:
-    """How many of the oldest prefilling sequences take a chunk this step, and its width.
-
-    A forward is a rectangle (rows x width): a row with less prompt left than the width would
-    be padding, which costs as much as prompt. So every chosen row takes the same width, no
-    more than any of them has left, and the rows and width are those that put the most prompt
-    tokens into ``budget``, oldest first (ties: more rows).
-    """
-    best = (1, max(1, min(remaining[0], budget)))
-    narrowest = remaining[0]
-    for count in range(2, len(remaining) + 1):
-        narrowest = min(narrowest, remaining[count - 1])
-        width = min(narrowest, budget // count)
-        if width < 1:
-            break
-        if count * width >= best[0] * best[1]:
-            best = (count, width)
-    return best
-
-
 def _cached_length(sequence: _Sequence) -> int:
     return sequence.prefilled + max(0, len(sequence.generated) - 1)
-
-
-def _round_up(value: int, block: int) -> int:
-    return -(-value // block) * block
-
-
-def _failed(request: SequenceRequest, code: ErrorCode, message: str, prompt: int) -> SequenceUpdate:
-    return SequenceUpdate(
-        request_id=request.request_id,
-        text="",
-        completion_tokens=0,
-        prompt_tokens=prompt,
-        error_code=code.value,
-        error_message=message,
-    )

@@ -31,6 +31,7 @@ from models.engine import (
     OnUpdates,
     SequenceRequest,
     SequenceUpdate,
+    failed_update,
     warmup_prompts,
 )
 from models.hf import dtype_name, encode_prompt, ensure_converted, load_tokenizer
@@ -46,8 +47,7 @@ class VllmEngine(Engine):
         self.path = ensure_converted(spec)
         self.tokenizer = load_tokenizer(spec)
         self.max_num_seqs = int(spec.options.get("max_num_seqs", 32))
-        config_length = _max_positions(self.path)
-        self.context_length = min(spec.context_length, config_length or spec.context_length)
+        self.context_length = context_length_of(spec, self.path)
         self.capacity = EngineCapacity(self.max_num_seqs, 0)  # known once the engine runs
         self._llm: Any = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -66,25 +66,8 @@ class VllmEngine(Engine):
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        arguments = engine_arguments(self.spec, self.path, self.context_length)
         device = _device()
-        arguments: dict[str, Any] = {
-            "model": str(self.path),
-            "tokenizer": str(self.path),
-            "dtype": dtype_name(self.spec, device),
-            "max_model_len": self.context_length,
-            "max_num_seqs": self.max_num_seqs,
-            "seed": 0,
-            "disable_log_stats": True,
-            "enforce_eager": bool(self.spec.options.get("enforce_eager", False)),
-            "enable_prefix_caching": bool(self.spec.options.get("enable_prefix_caching", True)),
-        }
-        if device == "cpu":
-            kv_gb = float(self.spec.options.get("kv_cache_gb", 2))
-            arguments["kv_cache_memory_bytes"] = int(kv_gb * 2**30)
-        else:
-            arguments["gpu_memory_utilization"] = float(
-                self.spec.options.get("gpu_memory_utilization", 0.9)
-            )
         started = time.perf_counter()
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**arguments))
         cache = self._llm.vllm_config.cache_config
@@ -148,7 +131,7 @@ class VllmEngine(Engine):
                 return  # no word for this sequence: the worker exits and its lease runs out
             log.exception("sequence_failed request_id=%s", request_id)
             self._send(
-                _failed(request, ErrorCode.MODEL_ERROR, f"{type(error).__name__}: {error}", 0)
+                failed_update(request, ErrorCode.MODEL_ERROR, f"{type(error).__name__}: {error}", 0)
             )
         finally:
             self._tasks.pop(request_id, None)
@@ -162,7 +145,7 @@ class VllmEngine(Engine):
         try:
             prompt_ids = encode_prompt(self.tokenizer, request.input, request.messages)
         except Exception as error:  # e.g. a chat template that rejects these messages
-            self._send(_failed(request, ErrorCode.MODEL_ERROR, f"bad prompt: {error}", 0))
+            self._send(failed_update(request, ErrorCode.MODEL_ERROR, f"bad prompt: {error}", 0))
             return
         if len(prompt_ids) + request.max_tokens > self.context_length:
             message = (
@@ -171,7 +154,7 @@ class VllmEngine(Engine):
                 f"context of {self.spec.name}"
             )
             code = ErrorCode.CONTEXT_LENGTH_EXCEEDED
-            self._send(_failed(request, code, message, len(prompt_ids)))
+            self._send(failed_update(request, code, message, len(prompt_ids)))
             return
         params = SamplingParams(
             max_tokens=request.max_tokens,
@@ -275,6 +258,33 @@ class VllmEngine(Engine):
         return sum(len(i) for i in ids) / max(prefill_s, 1e-6), max(decode_s, 1e-6) / 7
 
 
+def engine_arguments(spec: ModelSpec, path: Any, context_length: int) -> dict[str, Any]:
+    """vLLM's engine arguments for ``spec``: what the worker runs, and what the benchmark
+    gives vLLM used directly, so the two compare the same engine."""
+    device = _device()
+    arguments: dict[str, Any] = {
+        "model": str(path),
+        "tokenizer": str(path),
+        "dtype": dtype_name(spec, device),
+        "max_model_len": context_length,
+        "max_num_seqs": int(spec.options.get("max_num_seqs", 32)),
+        "seed": 0,
+        "disable_log_stats": True,
+        "enforce_eager": bool(spec.options.get("enforce_eager", False)),
+        "enable_prefix_caching": bool(spec.options.get("enable_prefix_caching", True)),
+    }
+    if device == "cpu":
+        arguments["kv_cache_memory_bytes"] = int(float(spec.options.get("kv_cache_gb", 2)) * 2**30)
+    else:
+        arguments["gpu_memory_utilization"] = float(spec.options.get("gpu_memory_utilization", 0.9))
+    return arguments
+
+
+def context_length_of(spec: ModelSpec, path: Any) -> int:
+    config_length = _max_positions(path)
+    return min(spec.context_length, config_length or spec.context_length)
+
+
 def _device() -> str:
     try:
         import torch
@@ -297,14 +307,3 @@ def _max_positions(path: Any) -> int:
 
 def _engine_dead(error: BaseException) -> bool:
     return type(error).__name__ == "EngineDeadError"
-
-
-def _failed(request: SequenceRequest, code: ErrorCode, message: str, prompt: int) -> SequenceUpdate:
-    return SequenceUpdate(
-        request_id=request.request_id,
-        text="",
-        completion_tokens=0,
-        prompt_tokens=prompt,
-        error_code=code.value,
-        error_message=message,
-    )

@@ -187,3 +187,12 @@ def test_the_vllm_worker_log_shows_its_engine(vllm_stack: Stack) -> None:
     assert "engine_loaded" in log and "backend=vllm" in log
     assert "engine_profile" in log
     assert Path(VLLM_PYTHON).exists()
+
+
+async def test_max_tokens_up_to_the_registry_limit_succeeds(
+    vllm_stack: Stack, http: httpx.AsyncClient
+) -> None:
+    request_id = await submit(http, chat("Write a very long story.", 512, ignore_eos=True))
+    result = (await wait_terminal(http, [request_id], timeout_s=600))[request_id]
+    assert result["status"] == "succeeded", result
+    assert result["usage"]["completion_tokens"] == 512 and result["attempts"] == 1

@@ -18,7 +18,8 @@ import torch
 from models.engine import SequenceRequest, SequenceUpdate
 from models.hf import ensure_converted
 from models.registry import ModelSpec, load_registry
-from models.transformers_engine import TransformersEngine, prefill_shape
+from models.scheduling import prefill_shape
+from models.transformers_engine import TransformersEngine
 
 QUESTIONS = [
     "Hi!",
@@ -107,7 +108,10 @@ def test_sequences_sharing_the_engine_answer_as_if_alone(engine: TransformersEng
     lengths = [engine.count_tokens(None, chat(q)) for q in QUESTIONS]
     assert max(lengths) > 2 * engine.max_prefill_tokens // 2  # prompts of several chunks
 
+    shared_before = engine.shared_prefix_tokens
     together = run(engine, batch)
+    # They share the chat template's opening: computed once, copied to the others.
+    assert engine.shared_prefix_tokens - shared_before >= (len(batch) - 1) * 16
     alone = {r.request_id: run(engine, [r])[r.request_id] for r in batch}
 
     for request_id, outcome in together.items():
@@ -134,6 +138,20 @@ def test_a_sequence_joining_mid_generation_gets_the_same_answer(
     assert outcomes["late"].text == alone.text
     # ... and leaves as soon as it is done, long before its elder.
     assert outcomes["late"].finished_at_step < outcomes["long"].finished_at_step
+
+
+def test_a_long_shared_system_prompt_is_computed_once(engine: TransformersEngine) -> None:
+    system = {"role": "system", "content": QUESTIONS[7] + " Answer as a helpful librarian."}
+    first = req("first", messages=[system, *chat(QUESTIONS[1])], max_tokens=12)
+    second = req("second", messages=[system, *chat(QUESTIONS[2])], max_tokens=12)
+    alone = {r.request_id: run(engine, [r])[r.request_id].text for r in (first, second)}
+
+    before = engine.shared_prefix_tokens
+    outcomes = run(engine, [first, second])
+
+    prefix = engine.count_tokens(None, [system])
+    assert engine.shared_prefix_tokens - before >= prefix - 8  # the system prompt, copied
+    assert {k: o.text for k, o in outcomes.items()} == alone
 
 
 def test_the_decode_loop_matches_transformers_generate(engine: TransformersEngine) -> None:

@@ -1,10 +1,10 @@
-"""Batched token-by-token decoding where every row keeps its own sampling settings and limits.
+"""The static batch loop the transformers backend ran before its engine: the model benchmark's
+baseline ("today's"), kept to measure the engine against it in the same run.
 
 ``generate`` prefills a left-padded batch once, then steps all unfinished rows together through
-the KV cache. Each row has its own ``max_new_tokens``, temperature (0 = greedy), top-p, seed and
-stop strings, so one batch can serve requests that asked for different things. A row that finishes
-(end-of-sequence token, stop string, its token limit, or cancellation) is dropped from the batch,
-cache included, so it costs nothing in later steps.
+the KV cache (a ``DynamicCache``, concatenated every step). Each row has its own
+``max_new_tokens``, temperature (0 = greedy), top-p, seed and stop strings. A row that finishes
+is dropped from the batch, cache included; the batch ends with its longest row.
 """
 
 from __future__ import annotations
