@@ -26,6 +26,7 @@ from batching.estimate import (
     FixedBatchTime,
     LearnedBatchTime,
     ProfiledSequenceTime,
+    SequenceCost,
     sequence_time_limit_s,
 )
 from batching.ledger import EngineLedger
@@ -475,9 +476,8 @@ class ModelBatcher(BatcherJobs):
         for c in claimed:
             entry = self.pending[c.id]
             time_limit = None
-            if self.engine:  # each sequence's own limit: its shape at the learned speed
-                alone_s = estimate_batch_s((entry.pending,), self.estimator)
-                time_limit = sequence_time_limit_s(alone_s)
+            if self.engine:  # each sequence's own limit: its max_tokens at the learned speed
+                time_limit = sequence_time_limit_s(self._generation_s(entry.pending))
             items.append(
                 BatchItem(
                     request_id=c.id,
@@ -497,6 +497,13 @@ class ModelBatcher(BatcherJobs):
             estimated_s=estimated_s,
             items=tuple(items),
         )
+
+    def _generation_s(self, pending: Pending) -> float:
+        """How long a sequence takes to generate its ``max_tokens`` once it has begun."""
+        cost = SequenceCost.of(self.estimator)
+        if cost is not None:
+            return cost.per_token_s * pending.max_tokens
+        return estimate_batch_s((pending,), self.estimator)
 
     def _time_limit_s(self, estimated_s: float) -> float | None:
         """The worker-side kill limit of a batch task. An engine task only hands its batch to

@@ -99,11 +99,13 @@ class SequenceCost:
         return None
 
 
-def sequence_time_limit_s(estimated_s: float) -> float:
-    """Past this a sequence counts as stuck and is stopped: four times its estimate (its own
-    prompt and ``max_tokens`` at the learned speed), and at least half a minute more. A long,
-    healthy generation is estimated long, so it is never taken for a stuck one."""
-    return max(4.0 * estimated_s, estimated_s + 30.0)
+def sequence_time_limit_s(generation_s: float) -> float:
+    """Past this a sequence's generation counts as stuck and is stopped: four times its
+    estimate (its ``max_tokens`` at the learned time a token), and at least a minute more. It
+    counts from the sequence's first token, as until then it waits on the prompts of the
+    sequences around it (a burst of long prompts takes a while). A long, healthy generation is
+    estimated long, so it is never taken for a stuck one."""
+    return max(4.0 * generation_s, generation_s + 60.0)
 
 
 @dataclass(frozen=True, slots=True)

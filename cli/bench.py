@@ -88,6 +88,14 @@ def bench(
     """Measure and print figures: see docs/benchmarks.md for each scenario."""
     if scenario not in SCENARIOS:
         raise typer.BadParameter(f"unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
+    from core.settings import load_settings
+
+    if load_settings().embedded:
+        raise typer.BadParameter(
+            "benchmarks deploy on servers: set BATCHSERVE_DATABASE_URL, BATCHSERVE_BROKER_URL and "
+            "BATCHSERVE_REDIS_URL (e.g. the local ones `make run` uses)",
+            param_hint="--scenario",
+        )
     if scenario == "model":
         _model(model, prompts, max_tokens, mixed_s, vllm, transformers_cb, as_json)
         return

@@ -164,7 +164,8 @@ class BatchItem:
     created_at: float
     received_at: float  # when the batcher first saw it
     # For engine workers, which run each request on its own: past its deadline a running
-    # request is expired, past its time limit (from the learned cost model) it is stopped.
+    # request is expired; generating for longer than its time limit (counted from its first
+    # token: before it, it waits on other sequences' prompts) it is stopped.
     deadline: float | None = None
     time_limit_s: float | None = None
 

@@ -86,6 +86,7 @@ class _Sequence:
     batch: _Batch
     added_at: float
     pieces: list[str] = field(default_factory=list)
+    first_token_at: float | None = None
     ended: bool = False  # cancelled, expired or failed here: the engine's last word is moot
 
 
@@ -241,6 +242,8 @@ class EngineRunner:
                 continue
             if update.text:
                 sequence.pieces.append(update.text)
+            if sequence.first_token_at is None and update.completion_tokens:
+                sequence.first_token_at = now
             if update.finished:
                 self._finished(sequence, update, now)
         self._dirty.set()
@@ -414,18 +417,21 @@ class EngineRunner:
                 sequence.ended = True
                 self.engine.abort(item.request_id)
                 self._to_expire.setdefault(sequence.batch.batch_id, []).append(item.request_id)
-            elif item.time_limit_s is not None and now - sequence.added_at > item.time_limit_s:
+            elif _past_time_limit(sequence, now):
                 sequence.ended = True
                 self.engine.abort(item.request_id)
+                assert sequence.first_token_at is not None and item.time_limit_s is not None
+                generating_s = now - sequence.first_token_at
                 log.warning(
-                    "sequence_time_limit request_id=%s limit_s=%.1f",
+                    "sequence_time_limit request_id=%s limit_s=%.1f generating_s=%.1f",
                     item.request_id,
                     item.time_limit_s,
+                    generating_s,
                 )
                 message = (
-                    f"stopped after running {now - sequence.added_at:.1f} s, past its time "
-                    f"limit of {item.time_limit_s:.1f} s (from the learned time of this model "
-                    "and the request's max_tokens)"
+                    f"stopped after generating for {generating_s:.1f} s, past its time limit "
+                    f"of {item.time_limit_s:.1f} s (its max_tokens at the learned time a token "
+                    "of this model)"
                 )
                 error = ItemResult(
                     item.request_id, error_code=ErrorCode.MODEL_ERROR.value, error_message=message
@@ -482,3 +488,9 @@ class EngineRunner:
                 log.exception("engine_write_failed model=%s", self.model)
                 await asyncio.sleep(0.5)
                 self._dirty.set()
+
+
+def _past_time_limit(sequence: _Sequence, now: float) -> bool:
+    limit = sequence.item.time_limit_s
+    started = sequence.first_token_at
+    return limit is not None and started is not None and now - started > limit

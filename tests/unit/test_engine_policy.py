@@ -131,8 +131,8 @@ def test_the_prior_is_the_engines_measured_speed_and_learning_takes_over() -> No
 
 
 def test_a_sequences_time_limit_grows_with_what_it_asks_for() -> None:
-    assert sequence_time_limit_s(1.0) == 31.0
-    assert sequence_time_limit_s(100.0) == 400.0  # 512 tokens at 0.2 s: never cut short
+    assert sequence_time_limit_s(1.0) == 61.0
+    assert sequence_time_limit_s(100.0) == 400.0  # 500 tokens at 0.2 s: never cut short
 
 
 def test_an_engine_finish_estimate_counts_the_rounds_ahead() -> None:

@@ -171,6 +171,25 @@ async def test_a_sequence_past_its_time_limit_is_stopped_and_failed(rig: Rig) ->
     assert record.error_code == "model_error" and "time limit of 5.0 s" in (
         record.error_message or ""
     )
+    assert "generating for" in (record.error_message or "")
+
+
+async def test_the_time_limit_counts_from_the_first_token(tmp_path: Path) -> None:
+    # An engine of one sequence: the second waits its turn, well past its own limit, before it
+    # makes its first token. Waiting on others is no sign of being stuck.
+    made = Rig(tmp_path, ScriptedEngine(max_num_seqs=1))
+    made.engine.clock = made.clock
+    await made.start()
+    message, (first, second) = await made.batch(["a b", "c d"], max_tokens=20, time_limit_s=3.0)
+    await made.runner.accept(message)
+    for _ in range(50):
+        # 20 tokens each at 0.1 s: the second finishes 4 s after it was added, past its 3 s,
+        # but only 2 s after its first token.
+        made.clock.advance(0.1)
+        made.engine.step()
+        await made.runner.tick(made.clock())
+        await made.runner.flush()
+    assert await made.state(first) == await made.state(second) == "succeeded"
 
 
 async def test_a_long_sequence_within_its_limit_is_left_to_finish(rig: Rig) -> None:
