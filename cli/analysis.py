@@ -255,12 +255,12 @@ def measured_engine_plan(
     import statistics
 
     from cli.keys import with_store
-    from core.settings import load_settings
+    from cli.served import admin_settings
     from core.wiring import connect
     from models.plugins import is_engine
     from models.registry import load_registry
 
-    settings = load_settings()
+    settings = admin_settings()
     spec = load_registry(settings.models).get(model)
     if spec is None:
         raise typer.BadParameter(f"unknown model {model}", param_hint="--model")
@@ -317,10 +317,10 @@ def measured_batch_time(model: str) -> tuple[int, float, dict[str, object]]:
     from batching.batcher import estimator_for
     from batching.estimate import BatchObservation, BatchShape, LearnedBatchTime
     from cli.keys import with_store
-    from core.settings import load_settings
+    from cli.served import admin_settings
     from models.registry import load_registry
 
-    settings = load_settings()
+    settings = admin_settings()
     spec = load_registry(settings.models).get(model)
     if spec is None:
         raise typer.BadParameter(f"unknown model {model}", param_hint="--model")

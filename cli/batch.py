@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,24 +14,33 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from cli.served import client_url, reaching
+
 app = typer.Typer(
     help="Bulk jobs in the OpenAI Batch format: submit a JSONL file, follow it, fetch results.",
     no_args_is_help=True,
 )
 
 ENDED = {"completed", "failed", "expired", "cancelled"}
-Url = Annotated[str, typer.Option(help="Service URL")]
+Url = Annotated[
+    str | None,
+    typer.Option(envvar="BATCHSERVE_URL", help="Service URL (default: the last `serve`'s)"),
+]
 ApiKey = Annotated[
     str | None,
     typer.Option(envvar="BATCHSERVE_API_KEY", help="API key (bsk_...)"),
 ]
 BatchId = Annotated[str, typer.Argument(help="The batch id (batch_...)")]
-DEFAULT_URL = "http://127.0.0.1:8000"
 
 
-def _client(url: str, api_key: str | None, timeout_s: float = 60.0) -> httpx.Client:
+@contextlib.contextmanager
+def _client(
+    url: str | None, api_key: str | None, timeout_s: float = 60.0
+) -> Iterator[httpx.Client]:
+    base = client_url(url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return httpx.Client(base_url=url, headers=headers, timeout=timeout_s)
+    with reaching(base), httpx.Client(base_url=base, headers=headers, timeout=timeout_s) as client:
+        yield client
 
 
 def _ok(response: httpx.Response) -> dict[str, Any]:
@@ -49,7 +60,7 @@ def submit(
     completion_window: Annotated[str, typer.Option(help="Time the job may take")] = "24h",
     webhook_url: Annotated[str | None, typer.Option(help="POST batch.* events here")] = None,
     wait: Annotated[bool, typer.Option(help="Follow the job with a progress bar")] = False,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     api_key: ApiKey = None,
 ) -> None:
     """Upload FILE, create a bulk job from it, and (with --wait) follow it to its end."""
@@ -131,14 +142,14 @@ def _summary(batch: dict[str, Any]) -> None:
 
 
 @app.command()
-def status(batch_id: BatchId, url: Url = DEFAULT_URL, api_key: ApiKey = None) -> None:
+def status(batch_id: BatchId, url: Url = None, api_key: ApiKey = None) -> None:
     """Print a job as GET /v1/batches/{id} shows it."""
     with _client(url, api_key) as client:
         typer.echo(json.dumps(_ok(client.get(f"/v1/batches/{batch_id}")), indent=2))
 
 
 @app.command()
-def cancel(batch_id: BatchId, url: Url = DEFAULT_URL, api_key: ApiKey = None) -> None:
+def cancel(batch_id: BatchId, url: Url = None, api_key: ApiKey = None) -> None:
     """Cancel a job: unfinished requests are cancelled, finished ones are kept."""
     with _client(url, api_key) as client:
         typer.echo(json.dumps(_ok(client.post(f"/v1/batches/{batch_id}/cancel")), indent=2))
@@ -151,7 +162,7 @@ def results(
         Path | None, typer.Option("-o", "--output", help="Write the output file here")
     ] = None,
     errors: Annotated[Path | None, typer.Option(help="Write the error file here")] = None,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     api_key: ApiKey = None,
 ) -> None:
     """Download a finished job's output file (to -o, or stdout) and error file (--errors)."""

@@ -15,7 +15,7 @@ import typer
 from core import apikeys
 from core.db import create_engine
 from core.migrate import upgrade
-from core.settings import Settings, load_settings
+from core.settings import Settings
 from core.store import JobStore, KeyRow, TenantRow
 
 app = typer.Typer(help="API keys: create (printed once), list, revoke.", no_args_is_help=True)
@@ -25,9 +25,13 @@ AsJson = Annotated[bool, typer.Option("--json", help="One JSON document")]
 
 
 def _run(job: Callable[[JobStore], Awaitable[T]], settings: Settings | None = None) -> T:
-    settings = settings or load_settings()
-    upgrade(settings.effective_database_url)
-    return with_store(settings.effective_database_url, job)
+    from cli.served import admin_settings, opening
+
+    if settings is None:
+        settings = admin_settings()
+    with opening(settings.effective_database_url):
+        upgrade(settings.effective_database_url)
+        return with_store(settings.effective_database_url, job)
 
 
 def with_store(database_url: str, job: Callable[[JobStore], Awaitable[T]]) -> T:

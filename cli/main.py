@@ -38,6 +38,11 @@ def serve(host: Host = "127.0.0.1", port: Port = 8000) -> None:
     """Every role on this machine, supervised (embedded when no servers are configured)."""
     settings = _settings("serve")
     from cli.keys import announce_first_key
+    from cli.served import write_served
+
+    # What the user's next commands (keys, submit, status) should open by default.
+    local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    write_served(settings, f"http://{local}:{port}")
 
     announce_first_key(settings)
     if settings.embedded:
@@ -127,18 +132,24 @@ def webhooks() -> None:
 @app.command()
 def migrate() -> None:
     """Upgrade the database schema to the latest revision."""
+    from cli.served import admin_settings, opening
     from core.migrate import current, upgrade
 
-    settings = _settings("migrate")
-    upgrade(settings.effective_database_url)
-    typer.echo(f"database at revision {current(settings.effective_database_url)}")
+    _settings("migrate")  # logging, and bad settings refused
+    settings = admin_settings()
+    with opening(settings.effective_database_url):
+        upgrade(settings.effective_database_url)
+        typer.echo(f"database at revision {current(settings.effective_database_url)}")
 
 
 @app.command()
 def submit(
     text: Annotated[str, typer.Argument(help="The prompt")],
     model: Annotated[str, typer.Option(help="Model name")] = "echo-100ms",
-    url: Annotated[str, typer.Option(help="Service URL")] = "http://127.0.0.1:8000",
+    url: Annotated[
+        str | None,
+        typer.Option(envvar="BATCHSERVE_URL", help="Service URL (default: the last `serve`'s)"),
+    ] = None,
     max_tokens: Annotated[int, typer.Option(help="Most tokens to generate")] = 64,
     wait: Annotated[float, typer.Option(help="Seconds to wait for the result; 0 = don't")] = 30.0,
     idempotency_key: Annotated[str | None, typer.Option(help="Idempotency-Key header")] = None,
@@ -150,8 +161,11 @@ def submit(
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
+    from cli.served import client_url, reaching
+
+    base = client_url(url)
     body = {"model": model, "input": text, "params": {"max_tokens": max_tokens}}
-    with httpx.Client(base_url=url, timeout=wait + 10) as client:
+    with reaching(base), httpx.Client(base_url=base, timeout=wait + 10) as client:
         response = client.post("/v1/requests", json=body, headers=headers)
         if response.status_code != 202:
             typer.echo(response.text, err=True)

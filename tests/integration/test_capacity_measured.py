@@ -66,7 +66,7 @@ async def test_capacity_for_a_model_uses_its_measured_batch_times(
     args = ["capacity", "--model", "echo-slow", "--rate", "10", "--json"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    plan = json.loads(result.output)
+    plan = json.loads(result.stdout)
     # Full batches (32) of the median length (40 steps): 0.5 + 0.01 * 40 * 32 = 13.3 s.
     assert plan["max_batch"] == 32
     assert plan["batch_time_ms"] == pytest.approx(13300, rel=0.02)
@@ -143,7 +143,7 @@ async def test_capacity_for_an_engine_model_uses_its_measured_speed(
     finally:
         registration.withdraw()
     assert result.exit_code == 0, result.output
-    plan = json.loads(result.output)
+    plan = json.loads(result.stdout)
     assert plan["measured"]["engine_s_per_request"] == pytest.approx(1.2)
     assert plan["per_worker_rps"] == pytest.approx(1 / 1.2)
     assert plan["min_workers"] == 3  # 2/s over 0.83/s an engine

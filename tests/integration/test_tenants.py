@@ -324,9 +324,9 @@ async def test_a_new_deployment_gets_one_first_key_and_the_cli_manages_keys(
         cli_app, ["keys", "create", "--tenant", "acme", "--weight", "3", "--json"], env=with_sqlite
     )
     assert made.exit_code == 0, made.output
-    created = json.loads(made.output)
+    created = json.loads(made.stdout)
     assert created["tenant"] == "acme" and created["weight"] == 3.0
-    listed = json.loads(runner.invoke(cli_app, ["keys", "list", "--json"], env=with_sqlite).output)
+    listed = json.loads(runner.invoke(cli_app, ["keys", "list", "--json"], env=with_sqlite).stdout)
     assert created["key"] not in json.dumps(listed)  # the list never shows a key
     assert {k["key_id"] for k in listed["keys"]} >= {created["key_id"]}
     revoked = runner.invoke(cli_app, ["keys", "revoke", created["key"]], env=with_sqlite)
