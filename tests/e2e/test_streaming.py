@@ -6,7 +6,6 @@ calls."""
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from openai import OpenAI
 
 from cli.deployment import Stack, free_port
 from tests.e2e.test_contract import ECHO, SLOW, Service, service_of
-from tests.support.streams import assembled
+from tests.support.streams import Event, assembled, sse_events
 
 TERMINAL = {"succeeded", "failed", "cancelled", "expired"}
 
@@ -52,30 +51,6 @@ class Tenant:
 @pytest.fixture
 def tenant(service: Service) -> Tenant:
     return Tenant(service.url, service.new_key())
-
-
-@dataclass
-class Event:
-    id: str
-    event: str
-    data: dict[str, Any]
-
-
-def sse_events(lines: Iterator[str]) -> Iterator[Event]:
-    """Server-Sent Events from a response's lines (comments, the pings, skipped)."""
-    fields: dict[str, str] = {}
-    for line in lines:
-        if not line:
-            if "data" in fields:
-                yield Event(
-                    fields.get("id", ""), fields.get("event", ""), json.loads(fields["data"])
-                )
-            fields = {}
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value = line.partition(":")
-        fields[name] = value.removeprefix(" ")
 
 
 def stored(http: httpx.Client, request_id: str) -> dict[str, Any]:
