@@ -3,8 +3,8 @@
 Workers append a request's token deltas (one pipelined write per engine step), and the job
 store appends its state changes; any API replica reads the log from an offset, so a client that
 reconnects elsewhere with ``Last-Event-ID`` continues where it left off. On the servers it is a
-Redis Stream per request (``XADD`` with an approximate ``MAXLEN`` cap, ``EXPIRE`` refreshed on
-every write); in the embedded mode an in-memory twin with the same interface and entry ids.
+Redis Stream per request (``XADD`` with an approximate ``MAXLEN`` cap, ``EXPIRE`` renewed as it is
+written); in the embedded mode an in-memory twin with the same interface and entry ids.
 
 The log is a convenience, never the record: Postgres holds the final result and is not written
 per token. Writes are best effort (logged, never raised, never awaited by the engine's step),
@@ -24,7 +24,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -236,6 +236,7 @@ class RedisTokenLog(TokenLog):
         self._task: asyncio.Task[None] | None = None
         self._down_until = 0.0
         self._dropped = 0
+        self._renewed_at: dict[str, float] = {}  # key -> when its expiry was last renewed
 
     def key(self, request_id: str) -> str:
         return f"{self._prefix}.tokens.{request_id}"
@@ -272,13 +273,22 @@ class RedisTokenLog(TokenLog):
             key = self.key(request_id)
             keys.add(key)
             pipe.xadd(key, entry.fields(), maxlen=self.config.max_entries, approximate=True)  # type: ignore[arg-type]
+        # The expiry is renewed once a tenth of the TTL per key, not with every step's delta
+        # (half the commands of a step otherwise): a log lives at least 90 % of the TTL past
+        # its last write.
         ttl_s = max(1, int(self.config.ttl_s))
+        now = time.monotonic()
+        if len(self._renewed_at) > 100_000:
+            self._renewed_at.clear()
         for key in keys:
-            pipe.expire(key, ttl_s)
+            if now - self._renewed_at.get(key, -ttl_s) >= ttl_s / 10:
+                pipe.expire(key, ttl_s)
+                self._renewed_at[key] = now
         try:
             await pipe.execute()
         except (RedisError, OSError) as error:
             self._down_until = time.monotonic() + self.config.retry_after_s
+            self._renewed_at.clear()  # the expiries may not have been set
             log.warning(
                 "token_log_write_failed entries=%d dropped_before=%d error=%s",
                 len(batch),
@@ -304,8 +314,10 @@ class RedisTokenLog(TokenLog):
             return None
         if not found:
             return []
-        # RESP2 (this client's protocol): [[key, [(entry id, {field: value}), ...]]]
-        _, entries = cast(list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]], found)[0]
+        # RESP2 (this client's default): [[key, [(entry id, {field: value}), ...]]]; RESP3:
+        # {key: [[(entry id, {field: value}), ...]]}.
+        shaped = cast(Any, found)
+        entries = next(iter(shaped.values()))[0] if isinstance(shaped, dict) else shaped[0][1]
         return [(_text(entry_id), LogEntry.from_fields(fields)) for entry_id, fields in entries]
 
     async def close(self) -> None:
