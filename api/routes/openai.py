@@ -50,6 +50,10 @@ router = APIRouter(
 # The wait outlasts the request's own deadline a little, so a request that runs to its deadline
 # is answered with how it ended rather than with the wait's timeout.
 WAIT_GRACE_S = 2.0
+# On SIGTERM an OpenAI stream may run on this long (less than the API's 10 s graceful
+# shutdown): it cannot be resumed elsewhere, so what can finish does. A native stream ends at
+# once: its client resumes on another replica.
+STREAM_DRAIN_S = 8.0
 STREAMED: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "The completion; with stream=true, Server-Sent Events of chunks",
@@ -139,11 +143,11 @@ def _stream(
             yield ServerSentEvent(data=DONE)
             finished = True  # the request goes on; its result can be read
         finally:
-            if not finished:  # the client went away mid-stream
+            if not finished:  # the client went away mid-stream (or the API is stopping)
                 with anyio.CancelScope(shield=True):
-                    await _cancel(services, record, tenant, "client_disconnected")
+                    await _cancel(services, record, tenant, "stream_ended")
 
-    return EventSourceResponse(events(), ping=PING_S)
+    return EventSourceResponse(events(), ping=PING_S, shutdown_grace_period=STREAM_DRAIN_S)
 
 
 async def _unless_gone(request: Request, waiting: Awaitable[RequestRecord]) -> RequestRecord | None:

@@ -6,6 +6,8 @@ calls."""
 from __future__ import annotations
 
 import contextlib
+import json
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -167,6 +169,21 @@ def test_leaving_an_openai_call_cancels_its_request_but_leaving_a_stream_does_no
         with http.stream("GET", f"/v1/requests/{request_id}/stream") as left:
             next(left.iter_lines())
         assert stored(http, request_id)["status"] == "succeeded"
+
+
+def test_an_api_told_to_stop_lets_an_openai_stream_finish(stack: Stack) -> None:
+    stack.start_all({SLOW: 1})
+    body = {"model": SLOW, "messages": [{"role": "user", "content": "finish me"}], "stream": True}
+    with (
+        httpx.Client(base_url=stack.url, headers=stack.auth(), timeout=60) as http,
+        http.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")  # the role chunk; the batch takes 1 s
+        stack.signal("api", signal.SIGTERM)  # a rolling restart
+        rest = [line for line in lines if line]
+    contents = [json.loads(line[6:])["choices"][0]["delta"].get("content") for line in rest[:-1]]
+    assert "finish me" in contents and rest[-1] == "data: [DONE]"
 
 
 def _up(url: str) -> bool:
