@@ -2,7 +2,7 @@
 and their translation to and from batchserve's own request (so the same limits apply).
 
 Unknown fields are ignored (clients send many harmless ones), but those that would change the
-answer and that the backends cannot honour (``n`` > 1, streaming, tools, logprobs) are refused.
+answer and that the backends cannot honour (``n`` > 1, tools, logprobs) are refused.
 """
 
 from __future__ import annotations
@@ -14,6 +14,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from api.schemas import SubmitRequest
 from core.domain import RequestRecord, to_epoch
 from core.errors import InvalidInput
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool | None = None
+
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
@@ -33,15 +40,23 @@ class OpenAIBody(BaseModel):
     ignore_eos: bool | None = None  # vLLM's extension
     n: int | None = None
     stream: bool | None = None
+    stream_options: StreamOptions | None = None
     logprobs: Any = None
     metadata: dict[str, str] | None = None
 
-    def refuse_unsupported(self) -> None:
-        if self.stream:
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def refuse_unsupported(self, *, can_stream: bool) -> None:
+        if self.stream and not can_stream:
             raise InvalidInput(
-                "stream=true is not supported: batchserve answers when the whole completion "
-                "is ready",
+                "stream=true is not supported in a batch job: its answers go to its output file",
                 field="stream",
+            )
+        if self.stream_options is not None and not self.stream:
+            raise InvalidInput(
+                "stream_options is only allowed with stream=true", field="stream_options"
             )
         if self.n is not None and self.n != 1:
             raise InvalidInput("only n=1 is supported", field="n", limit={"le": 1})
@@ -84,8 +99,12 @@ class ChatBody(OpenAIBody):
     messages: list[Message]
     tools: list[Any] | None = None
 
-    def to_submit(self, *, timeout_s: float | None = None) -> SubmitRequest:
-        self.refuse_unsupported()
+    def to_submit(
+        self, *, timeout_s: float | None = None, can_stream: bool = False
+    ) -> SubmitRequest:
+        """The native request this asks for; ``can_stream``: ``stream`` may be true (the
+        synchronous endpoints stream; a batch job's line may not)."""
+        self.refuse_unsupported(can_stream=can_stream)
         if self.tools:
             raise InvalidInput("tools are not supported", field="tools")
         messages = [
@@ -102,8 +121,12 @@ class CompletionBody(OpenAIBody):
     best_of: int | None = None
     suffix: str | None = None
 
-    def to_submit(self, *, timeout_s: float | None = None) -> SubmitRequest:
-        self.refuse_unsupported()
+    def to_submit(
+        self, *, timeout_s: float | None = None, can_stream: bool = False
+    ) -> SubmitRequest:
+        """The native request this asks for; ``can_stream``: ``stream`` may be true (the
+        synchronous endpoints stream; a batch job's line may not)."""
+        self.refuse_unsupported(can_stream=can_stream)
         if self.echo:
             raise InvalidInput("echo=true is not supported", field="echo")
         if self.best_of is not None and self.best_of != 1:

@@ -78,6 +78,8 @@ class TimingsOut(BaseModel):
     batch_wait_ms: float
     model_ms: float
     total_ms: float
+    # Acceptance to the first token (to the whole answer for a model that makes it at once).
+    ttft_ms: float | None = None
 
 
 class RequestOut(BaseModel):
@@ -113,6 +115,9 @@ class RequestOut(BaseModel):
                 batch_wait_ms=round(record.timings.batch_wait_ms, 3),
                 model_ms=round(record.timings.model_ms, 3),
                 total_ms=round(record.timings.total_ms, 3),
+                ttft_ms=None
+                if record.timings.ttft_ms is None
+                else round(record.timings.ttft_ms, 3),
             )
         return cls(
             id=str(record.id),

@@ -56,6 +56,7 @@ class EmbeddedStack:
                     max_new_tokens=spec.max_new_tokens,
                     worker_id=f"embedded:{spec.name}",
                     config=EngineRunnerConfig(lease_s=settings.lease_s),
+                    tokens=self.adapters.tokens,
                 )
                 continue
             runners[spec.name] = BatchRunner(
@@ -65,6 +66,7 @@ class EmbeddedStack:
                 backend=load_backend(spec),
                 worker_id=f"embedded:{spec.name}",
                 lease_s=settings.lease_s,
+                tokens=self.adapters.tokens,
             )
         self.dispatcher = InProcessDispatcher(runners, self.engines)
         self.batchers = [

@@ -235,6 +235,7 @@ class Timings:
     batch_wait_ms: float
     model_ms: float
     total_ms: float
+    ttft_ms: float | None = None  # acceptance to the first token (a batch model: the answer)
 
 
 @dataclass(frozen=True, slots=True)

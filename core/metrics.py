@@ -41,6 +41,10 @@ MODEL_BUCKETS_S = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.125, 0.15, 0.2, 0.3, 0.5,
     0.75, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
+TOKEN_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15,
+    0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0,
+)  # fmt: skip
 SIZE_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
 FILL_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
@@ -65,6 +69,9 @@ class Metrics:
     batch_wait: Histogram
     model_time: Histogram
     latency: Histogram
+    ttft: Histogram
+    inter_token: Histogram
+    time_per_token: Histogram
 
 
 @cache
@@ -144,9 +151,30 @@ def metrics() -> Metrics:
         ),
         latency=Histogram(
             "batchserve_request_latency_seconds",
-            "End to end: from acceptance until the result is stored",
+            "End to end (the completion time): from acceptance until the model finished the "
+            "request",
             ["model"],
             buckets=LATENCY_BUCKETS_S,
+        ),
+        ttft=Histogram(
+            "batchserve_time_to_first_token_seconds",
+            "From acceptance until the model made the request's first token (a batch model: "
+            "its whole answer)",
+            ["model"],
+            buckets=LATENCY_BUCKETS_S,
+        ),
+        inter_token=Histogram(
+            "batchserve_inter_token_latency_seconds",
+            "Between two successive pieces of one request's output (engine models)",
+            ["model"],
+            buckets=TOKEN_BUCKETS_S,
+        ),
+        time_per_token=Histogram(
+            "batchserve_time_per_output_token_seconds",
+            "Per request, from its first token to its last, over its tokens after the first "
+            "(engine models)",
+            ["model"],
+            buckets=TOKEN_BUCKETS_S,
         ),
     )
 

@@ -89,6 +89,7 @@ def row_record(row: Mapping[Any, Any]) -> RequestRecord:
             batch_wait_ms=row["batch_wait_ms"] or 0.0,
             model_ms=row["model_ms"] or 0.0,
             total_ms=row["total_ms"],
+            ttft_ms=row["ttft_ms"],
         )
     created_at = aware(row["created_at"])
     deadline = aware(row["deadline"])
@@ -141,6 +142,7 @@ RECORD_COLUMNS = [
         "batch_wait_ms",
         "model_ms",
         "total_ms",
+        "ttft_ms",
         "metadata",
         "idempotency_key",
         "fingerprint",

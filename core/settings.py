@@ -129,6 +129,16 @@ class Settings(BaseSettings):
         default=600.0, gt=0, description="How long /v1/chat/completions waits for its answer"
     )
 
+    # Token streams (``GET /v1/requests/{id}/stream``, ``stream: true``): each request's token
+    # log (a Redis Stream) lives this long after its last write, capped at this many entries
+    # (about one an engine step); past either, a stream replays the stored result instead.
+    token_log_ttl_s: float = Field(
+        default=3600.0, ge=1, description="How long a request's token log is kept"
+    )
+    token_log_max_entries: int = Field(
+        default=10_000, ge=16, description="Most entries in one request's token log"
+    )
+
     # Test-only fault injection points, e.g. "exit_after_commit". Never set in production.
     faults: str = ""
 

@@ -85,6 +85,8 @@ class Request(Base):
     batch_wait_ms: Mapped[float | None] = mapped_column(Float)
     model_ms: Mapped[float | None] = mapped_column(Float)
     total_ms: Mapped[float | None] = mapped_column(Float)
+    # From acceptance until the first token was made (a batch model: its whole answer).
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = _ts(nullable=False)
     published_at: Mapped[datetime | None] = _ts()
     finished_at: Mapped[datetime | None] = _ts()

@@ -10,13 +10,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.broker import MemoryRequestQueue, RabbitRequestQueue, RequestQueue
 from core.db import create_engine
-from core.domain import Lane
+from core.domain import Lane, StateChange
 from core.events import EventBus, MemoryEventBus, RedisEventBus
 from core.loadboard import LoadBoard, MemoryLoadBoard, RedisLoadBoard
 from core.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from core.settings import Settings
 from core.slots import MemorySlotDirectory, RedisSlotDirectory, SlotDirectory
-from core.store import JobStore
+from core.store import JobStore, OnChange
+from core.tokenlog import MemoryTokenLog, RedisTokenLog, TokenLog, TokenLogConfig
 from models.registry import Registry, load_registry
 
 
@@ -31,6 +32,7 @@ class Adapters:
     slots: SlotDirectory
     loadboard: LoadBoard
     ratelimit: RateLimiter
+    tokens: TokenLog
 
     async def close(self) -> None:
         for closer in (
@@ -38,6 +40,7 @@ class Adapters:
             self.events.close,
             self.loadboard.close,
             self.ratelimit.close,
+            self.tokens.close,
         ):
             with contextlib.suppress(Exception):
                 await closer()
@@ -66,6 +69,28 @@ class Adapters:
         return checks
 
 
+def token_log_config(settings: Settings) -> TokenLogConfig:
+    return TokenLogConfig(
+        ttl_s=settings.token_log_ttl_s, max_entries=settings.token_log_max_entries
+    )
+
+
+def redis_token_log(settings: Settings) -> RedisTokenLog:
+    assert settings.redis_url
+    return RedisTokenLog(settings.redis_url, settings.key_prefix, token_log_config(settings))
+
+
+def store_hook(events: EventBus, tokens: TokenLog) -> OnChange:
+    """What a committed state change sets off: its entries in the token log (queued, never
+    awaited), then the notification that wakes long-polls, the batcher and workers."""
+
+    async def on_change(event: StateChange) -> None:
+        await tokens.on_change(event)
+        await events.publish(event)
+
+    return on_change
+
+
 def connect(settings: Settings, *, pool_size: int = 10, events: EventBus | None = None) -> Adapters:
     registry = load_registry(settings.models)
     engine = create_engine(settings.effective_database_url, pool_size=pool_size)
@@ -73,12 +98,14 @@ def connect(settings: Settings, *, pool_size: int = 10, events: EventBus | None 
     slots: SlotDirectory
     loadboard: LoadBoard
     ratelimit: RateLimiter
+    tokens: TokenLog
     if settings.embedded:
         events = events or MemoryEventBus()
         queue = MemoryRequestQueue()
         slots = MemorySlotDirectory()
         loadboard = MemoryLoadBoard()
         ratelimit = MemoryRateLimiter()
+        tokens = MemoryTokenLog(token_log_config(settings))
     else:
         assert settings.broker_url and settings.redis_url
         events = events or RedisEventBus(settings.redis_url, settings.name("events"))
@@ -86,5 +113,10 @@ def connect(settings: Settings, *, pool_size: int = 10, events: EventBus | None 
         slots = RedisSlotDirectory(settings.redis_url, settings.key_prefix)
         loadboard = RedisLoadBoard(settings.redis_url, settings.key_prefix)
         ratelimit = RedisRateLimiter(settings.redis_url, settings.key_prefix)
-    store = JobStore(engine, max_failures=settings.max_failures, on_change=events.publish)
-    return Adapters(settings, registry, engine, store, queue, events, slots, loadboard, ratelimit)
+        tokens = redis_token_log(settings)
+    store = JobStore(
+        engine, max_failures=settings.max_failures, on_change=store_hook(events, tokens)
+    )
+    return Adapters(
+        settings, registry, engine, store, queue, events, slots, loadboard, ratelimit, tokens
+    )

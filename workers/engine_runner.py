@@ -47,6 +47,7 @@ from core.domain import (
 from core.events import EventBus, Subscription
 from core.metrics import metrics
 from core.store import BatchStart, ItemOutcome, JobStore, Reaped
+from core.tokenlog import LogEntry, TokenLog
 from models.engine import Engine, SequenceRequest, SequenceUpdate
 from workers.runner import item_timings, observe_latency, with_patience
 
@@ -87,6 +88,7 @@ class _Sequence:
     added_at: float
     pieces: list[str] = field(default_factory=list)
     first_token_at: float | None = None
+    last_piece_at: float | None = None
     ended: bool = False  # cancelled, expired or failed here: the engine's last word is moot
 
 
@@ -107,8 +109,10 @@ class EngineRunner:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         on_stalled: Callable[[], None] | None = None,
+        tokens: TokenLog | None = None,
     ) -> None:
         self._store = store
+        self._tokens = tokens
         self._events = events
         self._queue = queue
         self.engine = engine
@@ -236,16 +240,31 @@ class EngineRunner:
 
     def _on_updates(self, updates: Sequence[SequenceUpdate]) -> None:
         now = self._clock()
+        deltas: list[tuple[str, LogEntry]] = []
+        inter_token = metrics().inter_token.labels(self.model)
         for update in updates:
             sequence = self._running.get(update.request_id)
             if sequence is None:
                 continue
             if update.text:
                 sequence.pieces.append(update.text)
+                if not sequence.ended:
+                    deltas.append(
+                        (
+                            update.request_id,
+                            LogEntry.delta(sequence.batch.message.batch_id, update.text),
+                        )
+                    )
+                if sequence.last_piece_at is not None:
+                    inter_token.observe(now - sequence.last_piece_at)
+                sequence.last_piece_at = now
             if sequence.first_token_at is None and update.completion_tokens:
                 sequence.first_token_at = now
             if update.finished:
                 self._finished(sequence, update, now)
+        if deltas and self._tokens is not None:
+            # Queued for one pipelined write by the log's own task: the step goes on at once.
+            self._tokens.append(deltas)
         self._dirty.set()
 
     def _finished(self, sequence: _Sequence, update: SequenceUpdate, now: float) -> None:
@@ -258,6 +277,10 @@ class EngineRunner:
         batch.generated_tokens += update.completion_tokens
         if sequence.ended or update.finish_reason == "cancelled":
             return  # ended here already, or cancelled by its caller: nothing to write
+        first = sequence.first_token_at
+        if update.error_code is None and first is not None and update.completion_tokens > 1:
+            per_token_s = (now - first) / (update.completion_tokens - 1)
+            metrics().time_per_token.labels(self.model).observe(per_token_s)
         result = ItemResult(
             request_id=request_id,
             output=None if update.error_code else "".join(sequence.pieces),
@@ -271,7 +294,9 @@ class EngineRunner:
 
     def _store_later(self, sequence: _Sequence, result: ItemResult, now: float) -> None:
         model_ms = (now - sequence.added_at) * 1000.0
-        timings = item_timings(sequence.item, sequence.batch.message, model_ms, now)
+        timings = item_timings(
+            sequence.item, sequence.batch.message, model_ms, now, sequence.first_token_at
+        )
         sequence.batch.unwritten.append(ItemOutcome(result, timings, finished_at=now))
 
     def _on_event(self, event: Event) -> None:

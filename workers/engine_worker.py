@@ -73,6 +73,7 @@ class EngineWorker:
             worker_id=engine_worker_id(spec.name),
             config=EngineRunnerConfig(lease_s=settings.lease_s),
             on_stalled=self._stalled,
+            tokens=self.adapters.tokens,
         )
         self._on_loop(self.runner.start())
         self.runner.config = dataclasses.replace(

@@ -32,6 +32,7 @@ from core.events import EventBus, Subscription
 from core.logs import annotate, bind
 from core.metrics import metrics
 from core.store import BatchStart, ItemOutcome, JobStore, Reaped
+from core.tokenlog import LogEntry, TokenLog
 from models.base import Backend, OnResult
 
 log = logging.getLogger("batchserve.worker")
@@ -83,8 +84,10 @@ class BatchRunner:
         lease_s: float,
         write_patience_s: float = 30.0,
         clock: Callable[[], float] = time.time,
+        tokens: TokenLog | None = None,
     ) -> None:
         self._store = store
+        self._tokens = tokens
         self._events = events
         self._queue = queue
         self._backend = backend
@@ -162,17 +165,19 @@ class BatchRunner:
         model_started: float,
         finished: float,
         written_early: Collection[str] = (),
+        streamed: Collection[str] = (),
     ) -> None:
         batch_id = uuid.UUID(message.batch_id)
         items = [i for i in message.items if i.request_id in start.live_ids]
         model_ms = (finished - model_started) * 1000.0
         by_id = {i.request_id: i for i in items}
         outcomes = [
-            ItemOutcome(r, item_timings(by_id[r.request_id], message, model_ms, finished))
+            ItemOutcome(r, item_timings(by_id[r.request_id], message, model_ms, finished, finished))
             for r in output.results
             if r.request_id in by_id
         ]
         results = [o.result for o in outcomes]
+        self._stream_outputs(message.batch_id, [r for r in results if r.request_id not in streamed])
         write = functools.partial(
             self._store.complete_batch,
             batch_id,
@@ -208,6 +213,15 @@ class BatchRunner:
             len(output.failed_alone),
         )
         await self._republish(message, reaped)
+
+    def _stream_outputs(self, batch_id: str, results: Sequence[ItemResult]) -> None:
+        """A batch model makes each answer at once: its stream gets it as one delta, just
+        before the result is stored (a stale attempt's is superseded by the next run's)."""
+        if self._tokens is None:
+            return
+        self._tokens.append(
+            [(r.request_id, LogEntry.delta(batch_id, r.output)) for r in results if r.output]
+        )
 
     async def _with_patience(self, batch_id: uuid.UUID, write: Callable[[], Awaitable[T]]) -> T:
         return await with_patience(batch_id, write, self._write_patience_s)
@@ -268,20 +282,32 @@ async def with_patience(
 
 
 def observe_latency(model: str, outcomes: Sequence[ItemOutcome]) -> None:
-    """End-to-end latency of each request whose result this write stored."""
-    histogram = metrics().latency.labels(model)
+    """End-to-end latency of each request whose result this write stored, and (answers only)
+    its time to first token."""
+    found = metrics()
+    latency, ttft = found.latency.labels(model), found.ttft.labels(model)
     for outcome in outcomes:
-        histogram.observe(outcome.timings.total_ms / 1000.0)
+        latency.observe(outcome.timings.total_ms / 1000.0)
+        if outcome.result.ok and outcome.timings.ttft_ms is not None:
+            ttft.observe(outcome.timings.ttft_ms / 1000.0)
 
 
 def item_timings(
-    item: BatchItem, message: BatchMessage, model_ms: float, finished: float
+    item: BatchItem,
+    message: BatchMessage,
+    model_ms: float,
+    finished: float,
+    first_token_at: float | None = None,
 ) -> Timings:
+    ttft_ms = None
+    if first_token_at is not None:
+        ttft_ms = max(0.0, (first_token_at - item.created_at) * 1000.0)
     return Timings(
         queued_ms=max(0.0, (item.received_at - item.created_at) * 1000.0),
         batch_wait_ms=max(0.0, (message.dispatched_at - item.received_at) * 1000.0),
         model_ms=model_ms,
         total_ms=max(0.0, (finished - item.created_at) * 1000.0),
+        ttft_ms=ttft_ms,
     )
 
 
@@ -336,7 +362,13 @@ class OpenBatch:
             annotate(attempt=start.attempt)
             await runner._announce(message, BatchOutcome.SUCCEEDED, self.worker)
             await runner._store_results(
-                message, start, output, self.model_started, finished, self.early.written
+                message,
+                start,
+                output,
+                self.model_started,
+                finished,
+                self.early.written,
+                self.early.streamed,
             )
         finally:
             self._holding.cancel()
@@ -369,6 +401,7 @@ class _EarlyResults:
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[ItemResult | None] = asyncio.Queue()
         self.written: set[str] = set()
+        self.streamed: set[str] = set()  # whose answer went to the token log
         self._task = asyncio.create_task(self._write_forever())
 
     def hand_over(self, result: ItemResult) -> None:
@@ -401,10 +434,14 @@ class _EarlyResults:
         now = self._runner._clock()
         model_ms = (now - self._model_started) * 1000.0
         outcomes = [
-            ItemOutcome(r, item_timings(self._items[r.request_id], self._message, model_ms, now))
+            ItemOutcome(
+                r, item_timings(self._items[r.request_id], self._message, model_ms, now, now)
+            )
             for r in group
             if r.request_id in self._items
         ]
+        self._runner._stream_outputs(self._message.batch_id, [o.result for o in outcomes])
+        self.streamed.update(o.result.request_id for o in outcomes)
         try:
             written = await self._runner._store.complete_items(
                 uuid.UUID(self._message.batch_id),

@@ -25,6 +25,7 @@ from core.logs import bind
 from core.loops import new_event_loop
 from core.settings import Settings
 from core.store import JobStore
+from core.wiring import redis_token_log, store_hook
 from models.loader import load_backend
 from models.registry import ModelSpec
 from workers.gate import SlotGate
@@ -49,8 +50,11 @@ class WorkerRuntime:
         self._pending: set[concurrent.futures.Future[None]] = set()
         self.engine = create_engine(settings.effective_database_url, pool_size=2)
         self.events = RedisEventBus(settings.redis_url, settings.name("events"))
+        self.tokens = redis_token_log(settings)
         self.store = JobStore(
-            self.engine, max_failures=settings.max_failures, on_change=self.events.publish
+            self.engine,
+            max_failures=settings.max_failures,
+            on_change=store_hook(self.events, self.tokens),
         )
         self.queue = RabbitRequestQueue(settings.broker_url, settings.namespace)
         self.backend = load_backend(spec)
@@ -61,6 +65,7 @@ class WorkerRuntime:
             backend=self.backend,
             worker_id=worker_id(spec.name),
             lease_s=settings.lease_s,
+            tokens=self.tokens,
         )
         log.info("worker_process_ready model=%s pid=%d", spec.name, os.getpid())
 
@@ -94,6 +99,9 @@ class WorkerRuntime:
     def drain(self, timeout_s: float = 30.0) -> None:
         """Let the results still being written land before the process exits."""
         concurrent.futures.wait(list(self._pending), timeout=timeout_s)
+        flushing = asyncio.run_coroutine_threadsafe(self.tokens.flush(), self.loop)
+        with contextlib.suppress(Exception):
+            flushing.result(timeout=2.0)
 
 
 class RuntimeHolder:

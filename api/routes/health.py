@@ -18,6 +18,13 @@ async def healthz() -> JSON:
     return JSON({"status": "ok"})
 
 
+@router.get("/health")
+async def health() -> JSON:
+    """The process is alive: ``/healthz`` under the name OpenAI-compatible benchmark clients
+    probe."""
+    return await healthz()
+
+
 @router.get("/readyz")
 async def readyz(services: Services) -> Response:
     """Postgres, the broker and Redis are reachable."""

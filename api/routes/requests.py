@@ -1,17 +1,21 @@
-"""``/v1/requests``: submit, read (with long-poll), cancel, list."""
+"""``/v1/requests``: submit, read (with long-poll), stream, cancel, list."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
+import orjson
 from fastapi import APIRouter, Depends, Header, Query
+from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from api.deps import Caller, Services, Tenant, get_caller
 from api.gate import admit
 from api.polling import read_or_wait, read_request
 from api.responses import JSON
 from api.schemas import RequestList, RequestOut, SubmitRequest, dump
+from api.streams import PING_S, follow, parse_event_id
 from api.submission import build_command, exact_prompt_tokens
 from core.domain import RequestRecord, RequestState, utcnow
 from core.errors import InvalidInput
@@ -80,6 +84,40 @@ async def get_request(
     else:
         record = await read_request(services, request_id, tenant)
     return JSON(dump(RequestOut.of(record)))
+
+
+@router.get(
+    "/{request_id}/stream",
+    responses={
+        200: {
+            "description": "Server-Sent Events: state, delta and reset",
+            "content": {"text/event-stream": {}},
+        }
+    },
+)
+async def stream_request(
+    request_id: uuid.UUID,
+    services: Services,
+    tenant: Tenant,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+) -> EventSourceResponse:
+    """The request's state changes and token deltas as Server-Sent Events, until it ends.
+
+    ``state`` events carry ``status`` (the last one, terminal, the whole request), ``delta``
+    events ``text`` to append, and ``reset`` says to drop the text so far (the request runs
+    again after its worker was lost). Every event has an id: reconnecting with
+    ``Last-Event-ID``, to any API replica, continues right after it. A stream that disconnects
+    cancels nothing."""
+    resume = parse_event_id(last_event_id)
+    record = await read_request(services, request_id, tenant)
+
+    async def events() -> AsyncIterator[ServerSentEvent]:
+        async for event in follow(services, record, tenant, resume):
+            yield ServerSentEvent(
+                data=orjson.dumps(event.data).decode(), event=event.event, id=str(event.id)
+            )
+
+    return EventSourceResponse(events(), ping=PING_S)
 
 
 @router.post("/{request_id}/cancel", response_model=RequestOut)

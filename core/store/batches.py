@@ -613,6 +613,7 @@ RESULT_FIELDS = (
     "batch_wait_ms",
     "model_ms",
     "total_ms",
+    "ttft_ms",
     "finished_at",
 )
 
@@ -633,6 +634,7 @@ def result_row(outcome: ItemOutcome, now: Any) -> dict[str, Any]:
         "b_batch_wait_ms": timings.batch_wait_ms,
         "b_model_ms": timings.model_ms,
         "b_total_ms": timings.total_ms,
+        "b_ttft_ms": timings.ttft_ms,
         "b_finished_at": now if outcome.finished_at is None else from_epoch(outcome.finished_at),
     }
 
@@ -650,6 +652,7 @@ _UNNEST_COLUMNS = [
     ("batch_wait_ms", "float8"),
     ("model_ms", "float8"),
     ("total_ms", "float8"),
+    ("ttft_ms", "float8"),
     ("finished_at", "timestamptz"),
 ]
 _WRITE_OUTCOMES_PG = text(

@@ -10,8 +10,17 @@ import httpx
 from cli.deployment import Stack
 from tests.chaos.conftest import exactly_once
 from tests.support.live import db_rows, wait_terminal
+from tests.support.streams import assembled, sse_events
 
 SMOL = "smollm2-135m"  # an engine of 32 sequences in the test registry
+
+
+async def follow(http: httpx.AsyncClient, request_id: str, lines: list[str]) -> None:
+    """Read the request's stream to its end, its lines into ``lines`` as they come."""
+    async with http.stream("GET", f"/v1/requests/{request_id}/stream", timeout=600) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            lines.append(line)
 
 
 async def test_sigkill_with_32_sequences_running_loses_and_repeats_nothing(
@@ -48,6 +57,18 @@ async def test_sigkill_with_32_sequences_running_loses_and_repeats_nothing(
         str(r[0]): r[1]
         for r in db_rows(stack, "SELECT id, output FROM requests WHERE state = 'succeeded'")
     }
+    # A client follows one long answer across the kill, from its first pieces.
+    (followed,) = db_rows(
+        stack,
+        "SELECT id FROM requests WHERE state = 'running' AND max_tokens = 64 "
+        "ORDER BY created_at LIMIT 1",
+    )[0]
+    lines: list[str] = []
+    following = asyncio.create_task(follow(http, str(followed), lines))
+    give_up = time.monotonic() + 30
+    while "event: delta" not in lines and time.monotonic() < give_up:
+        await asyncio.sleep(0.05)
+    assert "event: delta" in lines
     killed_at = time.time()
     stack.kill("worker")  # SIGKILL: the engine and every sequence in it die at once
     in_flight = {
@@ -69,6 +90,15 @@ async def test_sigkill_with_32_sequences_running_loses_and_repeats_nothing(
         assert results[request_id]["output"]["text"] == output
     for request_id in in_flight:  # what was running ran again (a dispatch more, at least)
         assert results[request_id]["attempts"] >= 2
+    # The streams end with the stored answers: the killed runs' text was started over.
+    await asyncio.wait_for(following, 60)
+    seen = list(sse_events(lines))
+    assert "reset" in [e.event for e in seen]
+    assert assembled(seen) == results[str(followed)]["output"]["text"]
+    for request_id in in_flight:
+        replay = await http.get(f"/v1/requests/{request_id}/stream")
+        events = list(sse_events(replay.text.splitlines()))
+        assert assembled(events) == results[request_id]["output"]["text"], request_id
     report = exactly_once(stack, ids)
     assert report.lost == 0 and report.duplicated == 0
     crashed = db_rows(stack, "SELECT count(*) FROM batches WHERE outcome = 'crashed'")[0][0]

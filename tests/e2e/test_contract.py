@@ -120,19 +120,28 @@ def full_stack(template_db: str, run_id: str, log_dir: Path) -> Iterator[Service
         servers.drop_database(database)
 
 
-@pytest.fixture(scope="module", params=["embedded", "stack"])
-def service(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+@contextlib.contextmanager
+def service_of(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, name: str
 ) -> Iterator[Service]:
-    directory = tmp_path_factory.mktemp(request.param)
+    """The service of a module's ``request.param`` mode; ``name`` keeps modules apart."""
+    directory = tmp_path_factory.mktemp(f"{name}-{request.param}")
     if request.param == "embedded":
         with embedded_service(directory) as embedded:
             yield embedded
     else:
         template_db = request.getfixturevalue("template_db")
         run_id = request.getfixturevalue("run_id")
-        with full_stack(template_db, run_id, directory) as stack:
+        with full_stack(template_db, f"{run_id}{name}", directory) as stack:
             yield stack
+
+
+@pytest.fixture(scope="module", params=["embedded", "stack"])
+def service(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
+    with service_of(request, tmp_path_factory, "contract") as service:
+        yield service
 
 
 @pytest.fixture
@@ -322,6 +331,9 @@ async def test_bad_input_is_a_clear_problem_and_creates_nothing(
 
 async def test_health_readiness_and_models(service: Service, client: httpx.AsyncClient) -> None:
     assert (await client.get("/healthz")).json() == {"status": "ok"}
+    # What OpenAI-compatible benchmark clients (guidellm) probe, without a key.
+    health = await client.get("/health", headers={"Authorization": ""})
+    assert health.status_code == 200 and health.json() == {"status": "ok"}
     ready = (await client.get("/readyz")).json()
     assert ready["status"] == "ready"
     in_process = service.mode == "embedded"

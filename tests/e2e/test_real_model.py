@@ -225,3 +225,39 @@ async def test_a_prompt_longer_than_the_context_is_refused_at_admission(
     problem = response.json()
     assert problem["code"] == "context_length_exceeded" and problem["field"] == "messages"
     assert problem["limit"]["context_length"] == 8192
+
+
+def test_a_128_token_answer_streams_token_by_token(stack: Stack) -> None:
+    from openai import OpenAI
+
+    from tests.support import keys
+
+    stack.start_all({SMOL: 1})
+    client = OpenAI(base_url=f"{stack.url}/v1", api_key=keys.key(), max_retries=0, timeout=300)
+    client.chat.completions.create(  # warm up: the engine's first request pays for its start
+        model=SMOL, messages=[{"role": "user", "content": "Hi."}], max_tokens=2
+    )
+    started = time.monotonic()
+    arrivals: list[tuple[float, str]] = []
+    for chunk in client.chat.completions.create(
+        model=SMOL,
+        messages=[{"role": "user", "content": STORY}],
+        max_tokens=128,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    ):
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.append((time.monotonic() - started, chunk.choices[0].delta.content))
+        elif chunk.usage is not None:
+            assert chunk.usage.completion_tokens == 128
+    ttft_s, total_s = arrivals[0][0], arrivals[-1][0]
+    print(f"\nsmollm2-135m, 128 tokens streamed: TTFT {ttft_s:.3f} s, last {total_s:.3f} s")
+    assert len(arrivals) > 32  # piece by piece, not at once
+    assert ttft_s < total_s / 4  # the first piece well before the last
+    request_id = db_rows(stack, "SELECT id FROM requests ORDER BY created_at DESC LIMIT 1")[0][0]
+    [(output, ttft_ms)] = db_rows(
+        stack, "SELECT output, ttft_ms FROM requests WHERE id = :id", id=request_id
+    )
+    assert "".join(text for _, text in arrivals) == output and 0 < ttft_ms < total_s * 1000

@@ -220,6 +220,9 @@ async def test_long_poll_times_out_with_the_current_state(client: httpx.AsyncCli
 
 async def test_health_readiness_and_models(client: httpx.AsyncClient) -> None:
     assert (await client.get("/healthz")).json() == {"status": "ok"}
+    # What OpenAI-compatible benchmark clients (guidellm) probe, without a key.
+    health = await client.get("/health", headers={"Authorization": ""})
+    assert health.status_code == 200 and health.json() == {"status": "ok"}
     ready = (await client.get("/readyz")).json()
     assert ready["status"] == "ready" and set(ready["checks"]) == {"database", "broker", "events"}
     models = (await client.get("/v1/models")).json()

@@ -274,13 +274,14 @@ async def test_a_bad_file_fails_the_job_with_each_error_on_its_line(
         chat_line("f", "x", temperature=5),
         chat_line("g", "x", n=2),
         chat_line("h", "x", max_tokens=10**6),
+        chat_line("i", "x", stream=True),  # a job's answers go to its output file
     ]
     created = await create_batch(client, jsonl(lines))
     await driver_of(app).ingest_once(time.time())
     failed = await get_batch(client, created["id"])
     assert failed["status"] == "failed" and failed["failed_at"] is not None
     errors = {e["line"]: e for e in failed["errors"]["data"]}
-    assert sorted(errors) == [2, 3, 4, 5, 6, 7, 8, 9]
+    assert sorted(errors) == [2, 3, 4, 5, 6, 7, 8, 9, 10]
     assert errors[2]["code"] == "invalid_json_line"
     assert errors[3]["code"] == "duplicate_custom_id"
     assert errors[4]["code"] == "invalid_url"
@@ -289,6 +290,7 @@ async def test_a_bad_file_fails_the_job_with_each_error_on_its_line(
     assert errors[7]["param"] == "body.temperature"
     assert errors[8]["param"] == "body.n"
     assert errors[9]["param"] == "body.max_tokens"
+    assert errors[10]["param"] == "body.stream"
     assert failed["request_counts"] == {"total": 0, "completed": 0, "failed": 0}
     assert await store_of(app).job_counts(job_uuid(created["id"])) == {}
 
@@ -443,7 +445,7 @@ async def test_list_batches_pages_newest_first_in_the_openai_list_shape(
     ("body", "status", "param", "code"),
     [
         ({"n": 2}, 400, "n", "invalid_input"),
-        ({"stream": True}, 400, "stream", "invalid_input"),
+        ({"stream_options": {"include_usage": True}}, 400, "stream_options", "invalid_input"),
         ({"temperature": 5}, 400, "temperature", "invalid_input"),
         ({"max_tokens": 10**6}, 400, "max_tokens", "invalid_input"),
         ({"model": "no-such-model"}, 404, "model", "model_not_found"),

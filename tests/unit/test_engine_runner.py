@@ -11,12 +11,16 @@ import uuid
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY
 
+from api.streams import Assembler
 from core.broker import MemoryRequestQueue
 from core.domain import BatchItem, BatchMessage, BatchOutcome, Event, SequencesFreed
 from core.events import MemoryEventBus
 from core.ids import uuid7
 from core.store import JobStore
+from core.tokenlog import LogEntry, MemoryTokenLog
+from core.wiring import store_hook
 from tests.support.stepped import Clock, ScriptedEngine, sqlite_store, submit
 from workers.engine_runner import EngineRunner, EngineRunnerConfig
 
@@ -27,7 +31,10 @@ class Rig:
     def __init__(self, tmp_path: Path, engine: ScriptedEngine | None = None) -> None:
         self.clock = Clock()
         self.events = MemoryEventBus()
-        self.store: JobStore = sqlite_store(tmp_path, on_change=self.events.publish)
+        self.tokens = MemoryTokenLog(clock=self.clock)
+        self.store: JobStore = sqlite_store(
+            tmp_path, on_change=store_hook(self.events, self.tokens)
+        )
         self.heard: list[Event] = []
         self.events.subscribe(self.heard.append)
         self.engine = engine or ScriptedEngine(clock=self.clock)
@@ -44,6 +51,7 @@ class Rig:
             clock=self.clock,
             monotonic=self.clock,
             on_stalled=self._on_stalled,
+            tokens=self.tokens,
         )
 
     def _on_stalled(self) -> None:
@@ -66,6 +74,21 @@ class Rig:
         ids = await submit(
             self.store, texts, model=MODEL, now=now, max_tokens=max_tokens, timeout_s=timeout_s
         )
+        message = await self.claim(
+            ids, timeout_s=timeout_s, time_limit_s=time_limit_s, isolation_group=isolation_group
+        )
+        return message, ids
+
+    async def claim(
+        self,
+        ids: list[str],
+        *,
+        timeout_s: float = 600.0,
+        time_limit_s: float | None = None,
+        isolation_group: str | None = None,
+    ) -> BatchMessage:
+        """Queued requests claimed as one batch, as the batcher would send it."""
+        now = self.clock()
         batch_id = uuid7()
         claimed = await self.store.claim_batch(
             batch_id=batch_id,
@@ -95,7 +118,7 @@ class Rig:
                 for c in claimed
             ),
         )
-        return message, ids
+        return message
 
     async def step(self, times: int = 1) -> None:
         for _ in range(times):
@@ -292,3 +315,71 @@ async def test_a_duplicate_delivery_runs_once(rig: Rig) -> None:
     assert rig.engine.added == [only]
     await rig.step(3)
     assert await rig.state(only) == "succeeded"
+
+
+def samples(name: str) -> float:
+    return REGISTRY.get_sample_value(f"batchserve_{name}_count", {"model": MODEL}) or 0.0
+
+
+async def test_each_step_streams_its_deltas_before_the_result_is_stored(rig: Rig) -> None:
+    names = (
+        "time_to_first_token_seconds",
+        "inter_token_latency_seconds",
+        "time_per_output_token_seconds",
+    )
+    before = {name: samples(name) for name in names}
+    message, ids = await rig.batch(["a b c", "d e"], max_tokens=[3, 5])
+    await rig.runner.accept(message)
+    await rig.step(1)
+    for request_id in ids:  # the first token is in the log while the request runs
+        entries = await rig.tokens.read(request_id)
+        assert entries is not None
+        assert [(e.kind, e.state) for _, e in entries] == [("state", "running"), ("delta", "")]
+        assert {e.batch for _, e in entries} == {message.batch_id}
+    await rig.step(5)
+
+    for request_id in ids:
+        record = await rig.store.get(uuid.UUID(request_id))
+        assert record is not None and record.state.value == "succeeded" and record.output
+        entries = await rig.tokens.read(request_id)
+        assert entries is not None
+        deltas = [e.text for _, e in entries if e.kind == "delta"]
+        assert "".join(deltas) == record.output and len(deltas) == record.completion_tokens
+        assert (entries[0][1].state, entries[-1][1].state) == ("running", "succeeded")
+        timings = record.timings
+        assert timings is not None and timings.ttft_ms is not None
+        assert 0 < timings.ttft_ms < timings.total_ms  # the first of several steps
+    observed = {name: samples(name) - before[name] for name in names}
+    assert observed == {  # per request; between tokens: 2 + 4 gaps
+        "time_to_first_token_seconds": 2,
+        "inter_token_latency_seconds": 6,
+        "time_per_output_token_seconds": 2,
+    }
+
+
+async def test_a_request_run_again_streams_the_new_run_from_its_start(rig: Rig) -> None:
+    first, (only,) = await rig.batch(["a b c d e f"], max_tokens=6)
+    await rig.runner.accept(first)
+    await rig.step(2)  # two words out, then the worker is taken for dead
+    await rig.store.reap_batch(
+        uuid.UUID(first.batch_id), now=rig.clock(), outcome=BatchOutcome.CRASHED
+    )
+    await rig.runner.tick(rig.clock())  # the renewal finds the lease gone: stopped
+    await rig.step(1)
+    again = await rig.claim([only])
+    await rig.runner.accept(again)
+    # The old run's worker, not yet stopped, still writes: its text must not count.
+    rig.tokens.append([(only, LogEntry.delta(first.batch_id, " stale"))])
+    await rig.step(8)
+
+    record = await rig.store.get(uuid.UUID(only))
+    assert record is not None and record.state.value == "succeeded" and record.attempts == 2
+    entries = await rig.tokens.read(only)
+    assert entries is not None
+    assembler = Assembler()
+    events = [ev for entry_id, entry in entries for ev in assembler.feed(entry_id, entry)]
+    names = [ev.event for ev in events]
+    assert names.count("reset") == 1 and names.index("reset") > names.index("delta")
+    assert assembler.text == record.output  # the new run's text alone, whole
+    final = assembler.finish(record)
+    assert [ev.event for ev in final] == ["state"] and assembler.text == record.output
