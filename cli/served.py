@@ -77,10 +77,6 @@ def read_served(settings: Settings) -> Served | None:
         return None
 
 
-def _servers_in_environment() -> bool:
-    return any(os.environ.get(f"BATCHSERVE_{key.upper()}") for key in SERVER_KEYS)
-
-
 def client_url(explicit: str | None) -> str:
     """The service URL a client command talks to (``--url`` or ``BATCHSERVE_URL`` arrive as
     ``explicit``)."""
@@ -102,7 +98,8 @@ def admin_settings() -> Settings:
         typer.echo(f"batchserve: bad settings: {error}", err=True)
         raise typer.Exit(2) from error
     source = "BATCHSERVE_DATABASE_URL" if not settings.embedded else "embedded"
-    served = None if _servers_in_environment() else read_served(settings)
+    # Settings come from the environment alone: not embedded means the shell named servers.
+    served = read_served(settings) if settings.embedded else None
     if served is not None and served.servers:
         settings = settings.model_copy(update=served.servers)
         source = f"the servers of `batchserve serve` on {served.url}, from {served.path}"
