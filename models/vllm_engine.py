@@ -92,6 +92,10 @@ class VllmEngine(Engine):
     def add(self, request: SequenceRequest) -> None:
         if request.request_id in self._tasks:
             return  # already running here (a duplicate delivery)
+        if not self._tasks:
+            # An idle engine is not a stalled one: its stall clock starts with its work, not
+            # with its start-up (which takes minutes on a busy CPU).
+            self.last_step_at = self._clock()
         self._tasks[request.request_id] = asyncio.create_task(self._run(request))
 
     def abort(self, request_id: str) -> None:
