@@ -8,17 +8,28 @@ of the whole cache per token). Rows ``0..n-1`` are occupied, so a decode step re
 of them; a leaving sequence's row is filled by moving the last one into it.
 
 The model reads it through the ``Cache`` interface: before each forward the engine says which
-rows the forward holds and where each writes (:meth:`plan_decode`, :meth:`plan_prefill`), and
-passes its own 4D attention mask, so nothing here depends on the model's architecture beyond
-its layer count and KV shape.
+rows the forward holds and where each writes (:meth:`plan_decode`, :meth:`plan_prefill`), so
+nothing here depends on the model's architecture beyond its layer count and KV shape.
+
+A decode step is a rectangle (one token per row, the engine's 4D mask hides each row's unused
+columns) and runs transformers' SDPA attention. A prefill step packs chunks of several prompts,
+of any lengths, into one row of tokens (:class:`Segment`): :func:`row_attention` runs each
+chunk against its own row of the cache, so a forward costs what its tokens cost, with no
+padding and no attention across prompts. It is registered with transformers' attention
+interface as ``ROW_ATTENTION``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from transformers import AttentionInterface
 from transformers.cache_utils import Cache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+ROW_ATTENTION = "batchserve_rows"
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,11 +40,23 @@ class _Decode:
 
 
 @dataclass(frozen=True, slots=True)
-class _Prefill:
-    slots: torch.Tensor
-    starts: list[int]
+class Segment:
+    """One prompt's chunk in a packed prefill: tokens ``offset..offset+width-1`` of the
+    forward are positions ``start..start+width-1`` of the sequence in row ``slot``."""
+
+    slot: int
+    start: int
     width: int
-    read: int
+    offset: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.width
+
+
+@dataclass(frozen=True, slots=True)
+class _Prefill:
+    segments: list[Segment]
 
 
 class RowCache(Cache):
@@ -108,10 +131,11 @@ class RowCache(Cache):
         (a column per row); attention reads the first ``read`` columns."""
         self._plan = _Decode(rows, write_at, read)
 
-    def plan_prefill(self, slots: torch.Tensor, starts: list[int], width: int, read: int) -> None:
-        """The next forward holds the rows ``slots`` (in that order), ``width`` tokens each,
-        the i-th written from column ``starts[i]``; attention reads ``read`` columns."""
-        self._plan = _Prefill(slots, starts, width, read)
+    def plan_prefill(self, segments: list[Segment]) -> None:
+        """The next forward is one row of these prompt chunks, packed one after another; pass
+        the same list to the model as ``row_segments`` (:func:`row_attention` reads it)."""
+        assert all(s.end <= self.columns for s in segments), "grow the cache first"
+        self._plan = _Prefill(segments)
 
     def update(
         self,
@@ -129,12 +153,57 @@ class RowCache(Cache):
             keys[index, :, plan.write_at] = key_states[:, :, 0]
             values[index, :, plan.write_at] = value_states[:, :, 0]
             return keys[: plan.rows, :, : plan.read], values[: plan.rows, :, : plan.read]
-        for i, (slot, start) in enumerate(zip(plan.slots.tolist(), plan.starts, strict=True)):
-            end = min(start + plan.width, self.columns)
-            keys[slot, :, start:end] = key_states[i, :, : end - start]
-            values[slot, :, start:end] = value_states[i, :, : end - start]
-        return keys[plan.slots, :, : plan.read], values[plan.slots, :, : plan.read]
+        for segment in plan.segments:
+            chunk = slice(segment.offset, segment.offset + segment.width)
+            keys[segment.slot, :, segment.start : segment.end] = key_states[0, :, chunk]
+            values[segment.slot, :, segment.start : segment.end] = value_states[0, :, chunk]
+        return keys, values  # the whole layer: row_attention reads each segment's row
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         # Positions are passed explicitly with every forward; no caller needs a length here.
         return 0
+
+
+def row_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    row_segments: list[Segment] | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention over the row cache. A decode step (no ``row_segments``) is transformers' SDPA
+    over the rows with the engine's mask. A packed prefill attends each segment's queries to
+    its own row, causally from the segment's first position (``key``/``value`` are the whole
+    layer here). Returns ``(batch, tokens, heads, head_dim)``, as every attention function."""
+    if row_segments is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    grouped = query.shape[1] != key.shape[1]
+    out = torch.empty_like(query)
+    for segment in row_segments:
+        chunk = slice(segment.offset, segment.offset + segment.width)
+        keys = key[segment.slot : segment.slot + 1, :, : segment.end]
+        values = value[segment.slot : segment.slot + 1, :, : segment.end]
+        mask = None
+        if segment.start:  # queries sit at the end of what they read: causal, bottom-right
+            mask = torch.arange(segment.end, device=query.device)[None, :] <= (
+                segment.start + torch.arange(segment.width, device=query.device)[:, None]
+            )
+        out[:, :, chunk] = torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, chunk],
+            keys,
+            values,
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=scaling,
+            enable_gqa=grouped,
+        )
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(ROW_ATTENTION, row_attention)

@@ -5,24 +5,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def prefill_shape(remaining: Sequence[int], budget: int) -> tuple[int, int]:
-    """How many of the oldest prefilling sequences take a chunk this step, and its width.
+def prefill_chunks(remaining: Sequence[int], budget: int) -> list[int]:
+    """How many prompt tokens each of the oldest prefilling sequences computes this step.
 
-    A forward is a rectangle (rows x width): a row with less prompt left than the width would
-    be padding, which costs as much as prompt. So every chosen row takes the same width, no
-    more than any of them has left, and the rows and width are those that put the most prompt
-    tokens into ``budget``, oldest first (ties: more rows).
+    Chunks are packed into one forward with no padding (see ``models.kv_rows``), so the oldest
+    takes all it has left up to the budget, the next what remains of the budget, and so on: a
+    forward is ``budget`` tokens whenever that much prompt is waiting.
     """
-    best = (1, max(1, min(remaining[0], budget)))
-    narrowest = remaining[0]
-    for count in range(2, len(remaining) + 1):
-        narrowest = min(narrowest, remaining[count - 1])
-        width = min(narrowest, budget // count)
-        if width < 1:
+    chunks: list[int] = []
+    for left in remaining:
+        if budget <= 0:
             break
-        if count * width >= best[0] * best[1]:
-            best = (count, width)
-    return best
+        chunks.append(min(left, budget))
+        budget -= chunks[-1]
+    return chunks
 
 
 def common_prefix(first: Sequence[int], second: Sequence[int]) -> int:

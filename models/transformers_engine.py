@@ -11,7 +11,8 @@ tokens each (``batchserve bench --scenario model``; docs/models.md): transformer
 continuous batching (``generate_batch``, paged attention) ran at 23 tokens/s, the static batch
 loop this replaced at 38, this engine at the figure in the docs. Prefill is chunked
 (``max_prefill_tokens`` a step), so a long prompt delays the decoding sequences by one chunk at
-a time, not by its whole prefill.
+a time, not by its whole prefill; the chunks of several prompts are packed into one forward
+with no padding (``models.kv_rows``), so a step costs what its tokens cost.
 
 Every file is local: nothing is ever downloaded.
 """
@@ -50,10 +51,10 @@ from models.hf import (
     eos_ids,
     load_tokenizer,
 )
-from models.kv_rows import RowCache
+from models.kv_rows import ROW_ATTENTION, RowCache, Segment
 from models.registry import ModelSpec
 from models.sampling import sample_token, seeded_generator
-from models.scheduling import common_prefix, prefill_shape, round_up
+from models.scheduling import common_prefix, prefill_chunks, round_up
 from models.textstream import TextStream
 
 log = logging.getLogger("batchserve.engine")
@@ -112,7 +113,7 @@ class TransformersEngine(Engine):
         from transformers import AutoModelForCausalLM
 
         model: Any = AutoModelForCausalLM.from_pretrained(
-            path, dtype=self.dtype, local_files_only=True, attn_implementation="sdpa"
+            path, dtype=self.dtype, local_files_only=True, attn_implementation=ROW_ATTENTION
         )
         self.model: Any = model.to(self.device).eval()
         config = self.model.config
@@ -288,15 +289,23 @@ class TransformersEngine(Engine):
 
     def _admit(self, updates: list[SequenceUpdate]) -> None:
         """Give waiting sequences rows, oldest first, while rows and the KV budget allow."""
-        while self._waiting and len(self._rows) < self.max_num_seqs:
-            sequence = self._waiting[0]
-            rows = len(self._rows) + 1
-            # Every row is as long as the longest reservation: the cache is rows x columns.
-            columns = max([sequence.reserve] + [s.reserve for s in self._rows])
-            if rows * columns > self.kv_budget_tokens:
+        # Every row is as long as the longest reservation: the cache is rows x columns. The
+        # cache grows once for everything admitted this step (each resize copies it).
+        rows = len(self._rows)
+        columns = max([s.reserve for s in self._rows], default=0)
+        admitted: list[_Sequence] = []
+        while len(self._waiting) > len(admitted) and rows < self.max_num_seqs:
+            sequence = self._waiting[len(admitted)]
+            wider = max(columns, sequence.reserve)
+            if (rows + 1) * wider > self.kv_budget_tokens:
                 break  # oldest first: it waits for room rather than be overtaken forever
+            admitted.append(sequence)
+            rows, columns = rows + 1, wider
+        if not admitted:
+            return
+        self._grow(rows, columns)
+        for sequence in admitted:
             self._waiting.popleft()
-            self._grow(rows, columns)
             sequence.slot = len(self._rows)
             self._share_prefix(sequence)
             self._rows.append(sequence)
@@ -350,7 +359,8 @@ class TransformersEngine(Engine):
         if rows * padded_columns <= self.kv_budget_tokens:
             columns = padded_columns
         rows = max(cache.rows, rows)
-        padded_rows = min(self.max_num_seqs, round_up(rows, _ROW_GROUP))
+        # Rows at least double: sequences arriving one at a time resize it log(n) times.
+        padded_rows = min(self.max_num_seqs, max(round_up(rows, _ROW_GROUP), 2 * cache.rows))
         if padded_rows * columns <= self.kv_budget_tokens:
             rows = padded_rows
         cache.resize(rows, columns)
@@ -358,40 +368,37 @@ class TransformersEngine(Engine):
     # -- forwards ----------------------------------------------------------------------------
 
     def _prefill(self, updates: list[SequenceUpdate]) -> None:
-        """One chunk of prompt for the oldest prefilling rows, ``max_prefill_tokens`` at most."""
+        """One chunk of prompt for the oldest prefilling rows, ``max_prefill_tokens`` in all,
+        packed into one forward."""
         prefilling = self._ready_to_prefill()
         remaining = [len(s.prompt_ids) - s.prefilled for s in prefilling]
-        count, width = prefill_shape(remaining, self.max_prefill_tokens)
-        chosen = [
-            (s, min(width, left)) for s, left in zip(prefilling[:count], remaining, strict=False)
-        ]
-        device = self.device
-        ids = torch.zeros((len(chosen), width), dtype=torch.long)
-        starts = [s.prefilled for s, _ in chosen]
-        for i, (sequence, chunk) in enumerate(chosen):
+        chunks = prefill_chunks(remaining, self.max_prefill_tokens)
+        ids: list[int] = []
+        positions: list[int] = []
+        segments: list[Segment] = []
+        for sequence, chunk in zip(prefilling, chunks, strict=False):
             begin = sequence.prefilled
-            ids[i, :chunk] = torch.tensor(sequence.prompt_ids[begin : begin + chunk])
-        start = torch.tensor(starts, device=device)
-        query_at = start[:, None] + torch.arange(width, device=device)[None, :]
-        read = min(self.cache.columns, max(starts) + width)
-        visible = torch.arange(read, device=device)[None, None, :] <= query_at[:, :, None]
-        slots = torch.tensor([s.slot for s, _ in chosen], device=device)
-        self.cache.plan_prefill(slots, starts, width, read)
-        ending = [i for i, (s, c) in enumerate(chosen) if s.prefilled + c == len(s.prompt_ids)]
-        keep = sorted({chosen[i][1] - 1 for i in ending})
+            segments.append(Segment(sequence.slot, begin, chunk, len(ids)))
+            ids += sequence.prompt_ids[begin : begin + chunk]
+            positions += range(begin, begin + chunk)
+        ending = [
+            i for i, s in enumerate(segments) if s.end == len(prefilling[i].prompt_ids)
+        ]  # these computed their last prompt token: its logits give the first new token
+        keep = [segments[i].offset + segments[i].width - 1 for i in ending]
+        device = self.device
+        self.cache.plan_prefill(segments)
         out = self.model(
-            input_ids=ids.to(device),
-            attention_mask=visible[:, None],
-            position_ids=query_at,
+            input_ids=torch.tensor([ids], device=device),
+            position_ids=torch.tensor([positions], device=device),
             cache=self.cache,
             use_cache=True,
             logits_to_keep=torch.tensor(keep or [0], device=device),
+            row_segments=segments,
         )
-        for sequence, chunk in chosen:
-            sequence.prefilled += chunk
+        for sequence, segment in zip(prefilling, segments, strict=False):
+            sequence.prefilled = segment.end
         if ending:
-            logits = torch.stack([out.logits[i, keep.index(chosen[i][1] - 1)] for i in ending])
-            self._push([chosen[i][0] for i in ending], logits, updates)
+            self._push([prefilling[i] for i in ending], out.logits[0, : len(ending)], updates)
 
     def _decode(self, updates: list[SequenceUpdate]) -> None:
         """One token for every decoding row."""

@@ -40,11 +40,19 @@ def number(text: str) -> float | None:
     return float(cleaned) if re.fullmatch(r"-?\d+(\.\d+)?", cleaned) else None
 
 
-def cell(driver: Any, model: str, column: str) -> str:
-    from selenium.webdriver.common.by import By
+def text(driver: Any, selector: str) -> str:
+    """An element's rendered text, read in one script: the page replaces its table on every
+    refresh, so an element found by one WebDriver call can be gone (stale) by the next."""
+    return str(
+        driver.execute_script(
+            "const e = document.querySelector(arguments[0]); return e ? e.innerText : '';",
+            selector,
+        )
+    )
 
-    found = driver.find_elements(By.CSS_SELECTOR, f'tr[data-model="{model}"] td.{column}')
-    return str(found[0].text) if found else ""
+
+def cell(driver: Any, model: str, column: str) -> str:
+    return text(driver, f'tr[data-model="{model}"] td.{column}')
 
 
 def wait_until(check: Any, timeout_s: float = 60.0) -> None:
@@ -86,8 +94,6 @@ async def traffic(stack: Stack) -> list[str]:
 async def test_dashboard_shows_live_figures_of_a_running_stack(
     stack: Stack, http: httpx.AsyncClient, chromium: Any
 ) -> None:
-    from selenium.webdriver.common.by import By
-
     stack.start_all({ECHO: 2})
     # Requests for a model no worker serves, with a deadline: they expire (recent failures).
     for i in range(3):
@@ -111,12 +117,12 @@ async def test_dashboard_shows_live_figures_of_a_running_stack(
         batches = number(cell(chromium, ECHO, "batches"))
         mean_batch = number(cell(chromium, ECHO, "mean-batch"))
         return (
-            number(chromium.find_element(By.ID, "total-queued").text) == 0
+            number(text(chromium, "#total-queued")) == 0
             and batches is not None
             and mean_batch is not None
             and abs(batches * mean_batch - len(accepted)) <= 0.02 * len(accepted)
             and number(cell(chromium, ECHO, "p50")) is not None
-            and "expired" in chromium.find_element(By.ID, "failures").text
+            and "expired" in text(chromium, "#failures")
         )
 
     await asyncio.to_thread(wait_until, settled, 120.0)
@@ -124,11 +130,11 @@ async def test_dashboard_shows_live_figures_of_a_running_stack(
     assert p50 is not None and p99 is not None
     assert 100 <= p50 <= p99 < 30_000  # echo-100ms: every batch takes 100 ms
     assert cell(chromium, ECHO, "slots").endswith("/ 2")
-    assert number(chromium.find_element(By.ID, "throughput-rps").text) not in (None, 0.0)
-    assert chromium.find_element(By.ID, "status").get_attribute("class") == "ok"
+    assert number(text(chromium, "#throughput-rps")) not in (None, 0.0)
+    assert chromium.execute_script("return document.getElementById('status').className") == "ok"
     assert painted_pixels(chromium, "latency-chart") > 2_000
     assert painted_pixels(chromium, "batch-chart") > 2_000
-    failures = chromium.find_element(By.ID, "failures").text
+    failures = text(chromium, "#failures")
     assert "echo-slow" in failures and "deadline_exceeded" in failures
 
     target = Path(SCREENSHOT) if SCREENSHOT else stack.log_dir / "dashboard.png"

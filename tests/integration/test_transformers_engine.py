@@ -18,7 +18,7 @@ import torch
 from models.engine import SequenceRequest, SequenceUpdate
 from models.hf import ensure_converted
 from models.registry import ModelSpec, load_registry
-from models.scheduling import prefill_shape
+from models.scheduling import prefill_chunks
 from models.transformers_engine import TransformersEngine
 
 QUESTIONS = [
@@ -321,12 +321,51 @@ def test_the_engine_measures_its_speed(engine: TransformersEngine) -> None:
     assert engine.health().running == 0  # the synthetic sequences are gone
 
 
-def test_prefill_chunks_take_the_oldest_rows_without_padding() -> None:
-    assert prefill_shape([300], 96) == (1, 96)
-    assert prefill_shape([40, 40, 40], 96) == (3, 32)  # the whole budget, no padding
-    assert prefill_shape([20, 500, 500], 96) == (3, 20)  # the oldest sets the width
-    assert prefill_shape([10, 10, 10, 10, 200], 96) == (5, 10)
-    assert prefill_shape([200, 10], 96) == (1, 96)  # 96 of the oldest beat 2 x 10
+def test_prefill_chunks_fill_the_budget_oldest_first() -> None:
+    assert prefill_chunks([300], 96) == [96]
+    assert prefill_chunks([40, 40, 40], 96) == [40, 40, 16]  # packed: the whole budget
+    assert prefill_chunks([20, 500, 500], 96) == [20, 76]  # the oldest first, no padding
+    assert prefill_chunks([10, 10, 10, 10, 200], 96) == [10, 10, 10, 10, 56]
+    assert prefill_chunks([200, 10], 96) == [96]
+
+
+def test_a_burst_is_admitted_with_one_resize_and_packed_prefill(
+    engine: TransformersEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Admitting a burst grows the cache once (each resize copies all of it), and its prompts
+    share forwards of ``max_prefill_tokens`` tokens whatever their lengths: no padding."""
+    cache = engine.cache
+    with torch.inference_mode():
+        engine.step()  # idle: the cache shrinks to its smallest
+    growths: list[tuple[int, int]] = []
+    resize = cache.resize
+
+    def counted_resize(rows: int, columns: int) -> None:
+        if rows > cache.rows or columns > cache.columns:
+            growths.append((rows, columns))
+        resize(rows, columns)
+
+    widths: list[int] = []
+    forward = engine.model.forward
+
+    def counted_forward(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("row_segments") is not None:
+            widths.append(int(kwargs["input_ids"].shape[1]))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(cache, "resize", counted_resize)
+    monkeypatch.setattr(engine.model, "forward", counted_forward)
+    # Longer and longer prompts: admitted one at a time, each would widen the cache again.
+    burst = [req(f"b{i}", messages=chat(q), max_tokens=4) for i, q in enumerate(QUESTIONS)]
+    run(engine, burst)
+
+    assert len(growths) == 1
+    prompt_tokens = sum(engine.count_tokens(None, chat(q)) for q in QUESTIONS)
+    # The first forward is the first prompt alone (the others wait to copy its chat template),
+    # the last is what is left; every one between is full.
+    assert len(widths) >= 3
+    assert all(width == engine.max_prefill_tokens for width in widths[1:-1])
+    assert sum(widths) <= prompt_tokens - (len(QUESTIONS) - 1) * 16
 
 
 def test_a_second_load_reads_the_converted_cache(
