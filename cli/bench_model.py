@@ -287,6 +287,9 @@ async def run_service(
     return Figure(name, len(prompts), tokens, seconds, "HTTP in, result out")
 
 
+_SUBMIT_TRIES = 40
+
+
 async def _submit(
     client: httpx.AsyncClient,
     model: str,
@@ -299,7 +302,15 @@ async def _submit(
         "messages": messages,
         "params": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, **extra},
     }
-    response = await client.post("/v1/requests", json=body)
+    for _ in range(_SUBMIT_TRIES - 1):
+        response = await client.post("/v1/requests", json=body)
+        if response.status_code != 503:
+            break
+        # Backpressure (the model's backlog bound, a deadline the backlog makes hopeless): a
+        # client waits as told and tries again, as the SDKs do.
+        await asyncio.sleep(min(float(response.headers.get("Retry-After", 1)), 30.0))
+    else:
+        response = await client.post("/v1/requests", json=body)
     response.raise_for_status()
     return str(response.json()["id"])
 
