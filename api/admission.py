@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import time
 from collections.abc import Sequence
@@ -18,10 +17,11 @@ from collections.abc import Sequence
 from core.broker import RequestQueue
 from core.domain import QueueMessage, SubmitCommand
 from core.errors import IdempotencyConflict, IdempotencyInProgress, Unavailable
+from core.logs import get_logger
 from core.metrics import metrics
 from core.store import Admission, JobStore
 
-log = logging.getLogger("batchserve.admission")
+log = get_logger("batchserve.admission")
 
 _Waiting = tuple[SubmitCommand, "asyncio.Future[Admission]"]
 
@@ -33,11 +33,11 @@ def _observe_admitted(admissions: Sequence[Admission]) -> None:
         record = admission.record
         counter.labels(record.model, record.lane.value).inc()
         log.info(
-            "request_accepted request_id=%s model=%s lane=%s tenant=%s",
-            record.id,
-            record.model,
-            record.lane.value,
-            record.tenant,
+            "request_accepted",
+            request_id=record.id,
+            model=record.model,
+            lane=record.lane.value,
+            tenant=record.tenant,
         )
 
 
@@ -79,9 +79,7 @@ class Admitter:
             await asyncio.sleep(0.01)
         if self._waiting or self._flushes:
             log.warning(
-                "admitter_stop_timeout waiting=%d flushes=%d",
-                len(self._waiting),
-                len(self._flushes),
+                "admitter_stop_timeout", waiting=len(self._waiting), flushes=len(self._flushes)
             )
             for flush in list(self._flushes):
                 flush.cancel()
@@ -167,9 +165,10 @@ class Admitter:
         except Exception as error:  # whatever failed, maintenance publishes them later
             if self.broker_healthy or not isinstance(error, Unavailable):
                 log.warning(
-                    "publish_failed count=%d error=%r (maintenance republishes)",
-                    len(messages),
-                    error,
+                    "publish_failed",
+                    count=len(messages),
+                    error=error,
+                    note="maintenance republishes",
                 )
             self.broker_healthy = False
             return
@@ -187,7 +186,7 @@ class Admitter:
                 await self._store.mark_published_groups(groups)
             except Unavailable as error:
                 count = sum(len(ids) for ids, _ in groups)
-                log.warning("mark_published_failed count=%d error=%s", count, error)
+                log.warning("mark_published_failed", count=count, error=error)
             except asyncio.CancelledError:
                 self._published = groups + self._published  # stop() marks them
                 raise

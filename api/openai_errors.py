@@ -8,7 +8,6 @@ follow the native mapping in ``api.problems`` except where OpenAI's differ: bad 
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -34,8 +33,9 @@ from core.errors import (
     Unavailable,
     WaitTimedOut,
 )
+from core.logs import get_logger
 
-log = logging.getLogger("batchserve.api")
+log = get_logger("batchserve.api")
 
 ERROR_FORMAT = "x-batchserve-error-format"
 TYPES = {
@@ -103,7 +103,7 @@ def error_response(error: BatchserveError) -> JSON:
     if isinstance(error, RequestFailed):
         code = error.error_code or error.state
     if status >= 500 and not isinstance(error, RequestFailed | WaitTimedOut | Unavailable):
-        log.error("unhandled_domain_error error=%r", error)
+        log.error("unhandled_domain_error", error=error)
     return openai_error(status, error.message, code=code, param=param, headers=headers or None)
 
 

@@ -5,7 +5,6 @@ HTTP status codes are chosen here and nowhere else.
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
@@ -29,8 +28,9 @@ from core.errors import (
     Unauthorized,
     Unavailable,
 )
+from core.logs import get_logger
 
-log = logging.getLogger("batchserve.api")
+log = get_logger("batchserve.api")
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -116,7 +116,7 @@ def _batchserve_error(request: Request, error: BatchserveError) -> Response:
         headers["Retry-After"] = "1"
         extra["component"] = error.component
     if status == 500:
-        log.error("unhandled_domain_error error=%r", error)
+        log.error("unhandled_domain_error", error=error)
     return problem(
         status,
         error.code,
@@ -189,7 +189,7 @@ def _http_error(request: Request, error: StarletteHTTPException) -> Response:
 
 
 def _unexpected(request: Request, error: Exception) -> Response:
-    log.exception("unhandled_error path=%s", request.url.path)
+    log.exception("unhandled_error", path=request.url.path)
     return problem(500, "internal_error", "an unexpected error occurred", instance=request.url.path)
 
 

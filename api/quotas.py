@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import logging
 import math
 import time
 from collections import Counter
@@ -24,11 +23,12 @@ from collections import Counter
 from core.domain import Lane, SubmitCommand
 from core.errors import Overloaded, QuotaExceeded, Unavailable
 from core.loadboard import LoadBoard
+from core.logs import get_logger
 from core.ratelimit import RateLimiter
 from core.settings import Settings
 from core.store import JobStore, TenantRow
 
-log = logging.getLogger("batchserve.quotas")
+log = get_logger("batchserve.quotas")
 
 REFRESH_S = 1.0
 UNSEEN_S = 1.5  # the batcher's broker depth is refreshed every second

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import math
 import time
 import uuid
@@ -56,13 +55,14 @@ from core.errors import Unavailable
 from core.events import EventBus, Subscription
 from core.ids import uuid7
 from core.loadboard import LoadBoard
+from core.logs import get_logger
 from core.metrics import metrics
 from core.slots import SlotDirectory
 from core.store import ClaimedRequest, JobStore
 from models.plugins import plugin_for
 from models.registry import ModelSpec
 
-log = logging.getLogger("batchserve.batcher")
+log = get_logger("batchserve.batcher")
 
 
 class Dispatcher(Protocol):
@@ -269,12 +269,12 @@ class ModelBatcher(BatcherJobs):
         if background:
             self._tasks = [asyncio.create_task(self._background())]
         log.info(
-            "batcher_started model=%s kind=%s policy=%s max_batch_size=%d inflight=%d",
-            self.spec.name,
-            "engine" if self.engine else "batch",
-            self.policy.kind,
-            self.policy.max_batch_size,
-            len(self.slots),
+            "batcher_started",
+            model=self.spec.name,
+            kind="engine" if self.engine else "batch",
+            policy=self.policy.kind,
+            max_batch_size=self.policy.max_batch_size,
+            inflight=len(self.slots),
         )
 
     async def run(self) -> None:
@@ -291,7 +291,7 @@ class ModelBatcher(BatcherJobs):
             try:
                 due = await self.step(now)
             except Unavailable as error:
-                log.warning("batcher_backoff model=%s error=%s", self.spec.name, error)
+                log.warning("batcher_backoff", model=self.spec.name, error=error)
                 await asyncio.sleep(0.5)
                 continue
             if due is not None and due <= now:
@@ -394,7 +394,7 @@ class ModelBatcher(BatcherJobs):
             for delivery in entry.deliveries:
                 await delivery.release()
         if entries:
-            log.info("pending_released model=%s count=%d", self.spec.name, len(entries))
+            log.info("pending_released", model=self.spec.name, count=len(entries))
 
     # -- outputs ---------------------------------------------------------------------------
 
@@ -403,7 +403,7 @@ class ModelBatcher(BatcherJobs):
             ids = [p.id for p in decision.expire]
             await self._store.expire(ids, now, "the deadline cannot be met even if run now")
             await self._settle(ids)
-            log.info("expired model=%s count=%d", self.spec.name, len(ids))
+            log.info("expired", model=self.spec.name, count=len(ids))
         for batch in decision.batches:
             await self._dispatch(batch, now)
 
@@ -448,7 +448,7 @@ class ModelBatcher(BatcherJobs):
         except Unavailable as error:
             # Claimed but not handed over: put the members back ourselves rather than wait
             # for the dispatch lease to run out.
-            log.warning("dispatch_failed batch_id=%s error=%s", batch_id, error)
+            log.warning("dispatch_failed", batch_id=batch_id, error=error)
             if self.engine:
                 self.ledger.close(batch_id)
             else:
@@ -460,12 +460,15 @@ class ModelBatcher(BatcherJobs):
                 await self._queue.publish(reaped.requeued)
         else:
             self._observe_dispatch(message)
+        free_after = (
+            self.ledger.free().seqs if self.engine else self.slots.free_slots(self._clock())
+        )
         log.info(
-            "batch_dispatched model=%s batch_id=%s size=%d free_after=%s",
-            self.spec.name,
-            batch_id,
-            len(claimed),
-            self.ledger.free().seqs if self.engine else self.slots.free_slots(self._clock()),
+            "batch_dispatched",
+            model=self.spec.name,
+            batch_id=batch_id,
+            size=len(claimed),
+            free_after=free_after,
         )
         await self._settle(ids)
 

@@ -10,7 +10,6 @@ admits by.
 from __future__ import annotations
 
 import asyncio
-import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -33,11 +32,12 @@ from core.broker import RequestQueue
 from core.domain import Lane
 from core.errors import Unavailable
 from core.loadboard import LoadBoard, LoadSnapshot
+from core.logs import get_logger
 from core.slots import SlotDirectory
 from core.store import JobStore
 from models.registry import ModelSpec
 
-log = logging.getLogger("batchserve.batcher")
+log = get_logger("batchserve.batcher")
 
 
 @dataclass(slots=True)
@@ -85,9 +85,9 @@ class BatcherJobs:
             try:
                 await job.run()
             except Unavailable as error:
-                log.debug("background_unavailable error=%s", error)
+                log.debug("background_unavailable", error=error)
             except Exception:
-                log.exception("batcher_background_failed model=%s", self.spec.name)
+                log.exception("batcher_background_failed", model=self.spec.name)
         return min(job.due_at for job in self._jobs)
 
     async def _background(self) -> None:
@@ -103,7 +103,7 @@ class BatcherJobs:
             self._refresh_engines(found.units, found.tokens, found.profile)
             return
         if found.units != self.slots.capacity:
-            log.info("slots_changed model=%s total=%d", self.spec.name, found.units)
+            log.info("slots_changed", model=self.spec.name, total=found.units)
             grew = found.units > self.slots.capacity
             self.slots.resize(found.units)
             if grew:
@@ -112,7 +112,7 @@ class BatcherJobs:
     def _refresh_engines(self, seqs: int, tokens: int, profile: dict[str, float] | None) -> None:
         capacity = Credit(seqs, tokens)
         if capacity != self.ledger.capacity:
-            log.info("capacity_changed model=%s seqs=%d tokens=%d", self.spec.name, seqs, tokens)
+            log.info("capacity_changed", model=self.spec.name, seqs=seqs, tokens=tokens)
             grew = seqs > self.ledger.capacity.seqs or tokens > self.ledger.capacity.tokens
             self.ledger.resize(capacity)
             if grew:

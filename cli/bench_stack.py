@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import math
 import os
 import secrets
@@ -34,11 +33,12 @@ from sqlalchemy.engine import make_url
 from cli.deployment import Stack
 from core.domain import Event, StateChange
 from core.events import RedisEventBus, Subscription
+from core.logs import get_logger
 from core.migrate import upgrade
 from core.settings import Settings
 from models.registry import ModelSpec
 
-log = logging.getLogger("batchserve.bench")
+log = get_logger("batchserve.bench")
 
 BATCH_TIME_MS = 100.0
 TENANT = "bench"
@@ -354,6 +354,6 @@ def _delete_keys(settings: Settings, namespace: str) -> None:
         if keys:
             client.delete(*keys)
     except redis.RedisError as error:
-        log.warning("bench_cleanup_failed error=%s", error)
+        log.warning("bench_cleanup_failed", error=error)
     finally:
         client.close()

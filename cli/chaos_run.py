@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import os
 import tempfile
 import time
@@ -31,11 +30,11 @@ from cli.chaos import (
 )
 from cli.deployment import Stack
 from cli.loadgen import Submitted, open_loop, poisson_schedule
-from core.logs import setup_logging
+from core.logs import get_logger, setup_logging
 from core.migrate import upgrade
 from core.settings import Settings, load_settings
 
-log = logging.getLogger("batchserve.chaos")
+log = get_logger("batchserve.chaos")
 
 
 class ChaosDeployment:
@@ -148,7 +147,7 @@ async def run_plan(settings: Settings, plan: ChaosPlan, log_dir: Path, keep: boo
         for at, name in fault_schedule(plan):
             await asyncio.sleep(max(0.0, started + at - time.monotonic()))
             records.append(FaultRecord(name, time.time()))
-            log.warning("fault_injected name=%s", name)
+            log.warning("fault_injected", name=name)
             await asyncio.to_thread(deployment.inject, name)
         load = await traffic
         accepted = [s.request_id for s in load.accepted if s.request_id]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import logging
 
 import uvicorn
 
@@ -17,6 +16,8 @@ from api.main import create_app
 from api.services import ApiServices
 from batching.batcher import ModelBatcher
 from cli.roles import batcher_config, job_driver, maintenance_config
+from cli.served import redacted
+from core.logs import get_logger
 from core.migrate import upgrade
 from core.settings import Settings
 from core.slots import MemorySlotDirectory
@@ -30,7 +31,7 @@ from workers.runner import BatchRunner
 from workers.webhooks.delivery import create_deliverer
 from workers.webhooks.relay import InProcessSenders, Relay
 
-log = logging.getLogger("batchserve.embedded")
+log = get_logger("batchserve.embedded")
 
 
 class EmbeddedStack:
@@ -124,7 +125,7 @@ class EmbeddedStack:
         recovered = await self.adapters.store.queued_messages()
         await self.adapters.queue.publish(recovered)
         if recovered:
-            log.info("recovered_queued count=%d", len(recovered))
+            log.info("recovered_queued", count=len(recovered))
         for batcher in self.batchers:
             await batcher.start()
             self._tasks.append(asyncio.create_task(batcher.loop()))
@@ -157,7 +158,9 @@ async def run_embedded(settings: Settings, host: str, port: int) -> None:
         uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False)
     )
     log.info(
-        "embedded_ready url=http://%s:%d database=%s", host, port, settings.effective_database_url
+        "embedded_ready",
+        url=f"http://{host}:{port}",
+        database=redacted(settings.effective_database_url),
     )
     print(f"batchserve (embedded) listening on http://{host}:{port}", flush=True)
     try:

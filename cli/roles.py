@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import signal
 from collections.abc import Awaitable, Callable
 
 import uvicorn
 
 from batching.batcher import BatcherConfig, ModelBatcher
+from core.logs import get_logger
 from core.metrics import serve_role_metrics
 from core.settings import Settings
 from core.wiring import Adapters, connect
@@ -20,7 +20,7 @@ from workers.dispatch import CeleryDispatcher
 from workers.jobs import JobDriver
 from workers.maintenance import Maintenance, MaintenanceConfig
 
-log = logging.getLogger("batchserve")
+log = get_logger("batchserve")
 
 
 def batcher_config(settings: Settings) -> BatcherConfig:
@@ -73,7 +73,7 @@ async def _until_signalled(
             raise error
     stopper.cancel()
     if drain is not None and stopper in done:
-        log.info("draining grace_s=%.0f", grace_s)
+        log.info("draining", grace_s=round(grace_s))
         await drain()
         await asyncio.wait(tasks, timeout=grace_s)
     for task in tasks:

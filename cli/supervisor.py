@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import subprocess
@@ -12,7 +11,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
-log = logging.getLogger("batchserve.serve")
+from core.logs import get_logger
+
+log = get_logger("batchserve.serve")
 
 
 @dataclass
@@ -30,7 +31,7 @@ class Child:
         env = {**os.environ, **self.env} if self.env else None
         self.process = subprocess.Popen(self.argv, start_new_session=False, env=env)
         self.started_at = time.monotonic()
-        log.info("child_started name=%s pid=%d", self.name, self.process.pid)
+        log.info("child_started", name=self.name, child_pid=self.process.pid)
 
 
 class Supervisor:
@@ -65,7 +66,7 @@ class Supervisor:
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        log.warning("api_not_ready url=%s", url)
+        log.warning("api_not_ready", url=url)
 
     def _restart(self, child: Child) -> None:
         assert child.process is not None
@@ -73,11 +74,11 @@ class Supervisor:
         uptime_s = time.monotonic() - child.started_at
         child.backoff_s = 0.5 if uptime_s > 30 else min(child.backoff_s * 2, 10.0)
         log.warning(
-            "child_exited name=%s code=%s uptime_s=%.1f restart_in_s=%.1f",
-            child.name,
-            code,
-            uptime_s,
-            child.backoff_s,
+            "child_exited",
+            name=child.name,
+            code=code,
+            uptime_s=round(uptime_s, 1),
+            restart_in_s=round(child.backoff_s, 1),
         )
         time.sleep(child.backoff_s)
         if not self._stopping:
@@ -88,7 +89,7 @@ class Supervisor:
         self._stopping = True
 
     def _shutdown(self, grace_s: float = 20.0) -> int:
-        log.info("stopping children=%d", len(self.children))
+        log.info("stopping", children=len(self.children))
         for child in self.children:
             if child.process is not None and child.process.poll() is None:
                 child.process.send_signal(signal.SIGTERM)
@@ -99,7 +100,7 @@ class Supervisor:
             try:
                 child.process.wait(timeout=max(0.1, give_up - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("child_killed name=%s (no exit after SIGTERM)", child.name)
+                log.warning("child_killed", name=child.name, note="no exit after SIGTERM")
                 child.process.kill()
                 child.process.wait()
         return 0
@@ -134,5 +135,5 @@ def plan_children(
     if metrics_port is not None:
         for offset, child in enumerate(c for c in children if c.name != "api"):
             child.env["BATCHSERVE_METRICS_PORT"] = str(metrics_port + offset)
-            log.info("metrics_port role=%s port=%d", child.name, metrics_port + offset)
+            log.info("metrics_port", child=child.name, port=metrics_port + offset)
     return children

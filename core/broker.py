@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
@@ -30,8 +29,9 @@ from aiormq.exceptions import AMQPError
 
 from core.domain import Lane, QueueMessage
 from core.errors import Unavailable
+from core.logs import get_logger
 
-log = logging.getLogger("batchserve.broker")
+log = get_logger("batchserve.broker")
 
 # Requests a bulk message carries at most. The batcher's bulk prefetch is counted in requests
 # and turned into packs, so a pack should be small against it (a quarter of 256 by default).
@@ -147,13 +147,13 @@ class _RabbitDelivery(Delivery):
             await self._message.ack()
         except (AMQPError, RuntimeError, ConnectionError) as error:
             # The channel died (broker restart): the message comes back and its twin is found.
-            log.debug("ack_failed error=%r (the message will be redelivered)", error)
+            log.debug("ack_failed", error=error, note="the message will be redelivered")
 
     async def release(self) -> None:
         try:
             await self._message.nack(requeue=True)
         except (AMQPError, RuntimeError, ConnectionError) as error:
-            log.debug("release_failed error=%r (the channel's end returns it)", error)
+            log.debug("release_failed", error=error, note="the channel's end returns it")
 
 
 class _PackDelivery(Delivery):
@@ -287,7 +287,7 @@ class RabbitRequestQueue(RequestQueue):
                 if not messages:
                     raise ValueError("an empty pack")
             except (ValueError, KeyError, TypeError):
-                log.error("malformed_request_message queue=%s body=%r", name, incoming.body[:200])
+                log.error("malformed_request_message", queue=name, body=repr(incoming.body[:200]))
                 await incoming.reject(requeue=False)
                 return
             single = _RabbitDelivery(incoming)
@@ -303,7 +303,7 @@ class RabbitRequestQueue(RequestQueue):
             try:
                 await queue.cancel(tag)
             except (AMQPError, RuntimeError, ConnectionError, OSError) as error:
-                log.debug("cancel_consumer_failed model=%s error=%r", model, error)
+                log.debug("cancel_consumer_failed", model=model, error=error)
 
     async def depth(self, model: str, lane: Lane) -> int | None:
         try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
@@ -16,8 +15,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from core.domain import Event, JobChanged, decode_event, encode_event
+from core.logs import get_logger
 
-log = logging.getLogger("batchserve.events")
+log = get_logger("batchserve.events")
 
 Handler = Callable[[Event], None]
 
@@ -125,7 +125,7 @@ class RedisEventBus(EventBus):
             self._warned = False
         except (RedisError, OSError) as error:
             if not self._warned:
-                log.warning("event_publish_failed error=%s", error)
+                log.warning("event_publish_failed", error=error)
                 self._warned = True
 
     def subscribe(
@@ -174,7 +174,7 @@ class RedisEventBus(EventBus):
                 raise
             except (RedisError, OSError) as error:
                 if subscription.healthy:
-                    log.warning("event_subscription_lost error=%s", error)
+                    log.warning("event_subscription_lost", error=error)
                 subscription.healthy = False
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 2.0)

@@ -1,43 +1,47 @@
 """Structured logs: ``event key=value ...`` lines, or JSON lines with ``--log-format json``.
 
-Every line is one event name and its fields. Fields come from three places: ``key=value``
-pairs in the message, ``extra={...}`` of the call, and the context bound with :func:`bind`
+Every line is one event name and its typed fields: ``log.info("batch_done", size=32,
+model_ms=101.5)``. Fields come from the call and from the context bound with :func:`bind`
 (the request, batch, attempt, model and tenant being worked on), so that ``grep <request_id>``
-over every process's log shows that request's whole history.
+over every process's log shows that request's whole history. Other libraries' stdlib log
+records (uvicorn, celery, aio_pika, ...) go through the same renderer, with the same context.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
+import enum
 import logging
 import os
 import re
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import orjson
-
-_PAIR = re.compile(r"(\w+)=(\S+)")
-_ONLY_PAIRS = re.compile(r"(?:\w+=\S+\s*)*")
-
-# The fields a log line may carry besides its message, from ``extra=`` or the bound context.
-CONTEXT_FIELDS = (
-    "request_id",
-    "request_ids",
-    "batch_id",
-    "attempt",
-    "model",
-    "lane",
-    "tenant",
-    "worker",
-    "delivery_id",
+import structlog
+from structlog.contextvars import (
+    bind_contextvars,
+    bound_contextvars,
+    get_contextvars,
+    merge_contextvars,
 )
+from structlog.stdlib import BoundLogger, ProcessorFormatter
+from structlog.typing import EventDict, Processor, WrappedLogger
 
-_context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
-    "batchserve_log_context", default=None
-)
+# Libraries whose INFO lines are per message or per request: kept at WARNING.
+_NOISY = ("aiormq", "aio_pika", "celery", "kombu", "amqp", "httpx", "uvicorn.access")
+
+# A URL's password (``postgresql://user:PASSWORD@host``), masked wherever a line carries one:
+# a field, an error's message, a traceback. A password holds no unescaped ``/?#@``.
+_URL_PASSWORD = re.compile(r"(?P<head>\w[\w+.-]*://[^:/@\s\"]*:)[^/?#@\s\"]+@")
+
+
+def get_logger(name: str) -> BoundLogger:
+    """The logger of one part of batchserve: ``log.info("event", key=value, ...)``."""
+    logger: BoundLogger = structlog.stdlib.get_logger(name)
+    return logger
 
 
 @contextlib.contextmanager
@@ -46,115 +50,140 @@ def bind(**fields: Any) -> Iterator[None]:
 
     Tasks created inside inherit the fields, as asyncio copies the context into each task.
     """
-    current = _context.get() or {}
-    token = _context.set({**current, **{k: v for k, v in fields.items() if v is not None}})
-    try:
+    with bound_contextvars(**_present(fields)):
         yield
-    finally:
-        _context.reset(token)
 
 
 def annotate(**fields: Any) -> None:
     """Add ``fields`` to every log line for the rest of this context: use it only in a task
     of its own (a batch's), where the context ends with the task."""
-    current = _context.get() or {}
-    _context.set({**current, **{k: v for k, v in fields.items() if v is not None}})
+    bind_contextvars(**_present(fields))
 
 
 def bound() -> dict[str, Any]:
     """The fields bound in this context."""
-    return dict(_context.get() or {})
+    return get_contextvars()
 
 
-def _fields(record: logging.LogRecord) -> dict[str, Any]:
-    fields = dict(_context.get() or {})
-    for key in CONTEXT_FIELDS:
-        value = record.__dict__.get(key)
-        if value is not None:
-            fields[key] = value
-    return fields
+def _present(fields: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+def _drop_none(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+    """A field that is None is absent, so that the bound context fills it where it can."""
+    return _present(event_dict)
+
+
+# -- rendering ------------------------------------------------------------------------------
+
+
+def _stamp(role: str) -> Processor:
+    """Put the line's head first: time, level, role, pid, logger name, event."""
+
+    def stamp(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+        record: logging.LogRecord = event_dict.pop("_record")
+        event_dict.pop("_from_structlog", None)
+        head = {
+            "ts": record.created,
+            "level": record.levelname.lower(),
+            "role": role,
+            "pid": record.process or os.getpid(),
+            "logger": record.name,
+            "event": str(event_dict.pop("event", "")),
+        }
+        return {**head, **{k: v for k, v in event_dict.items() if k not in head}}
+
+    return stamp
+
+
+def _redacted(line: str) -> str:
+    return _URL_PASSWORD.sub(r"\g<head>***@", line) if "@" in line else line
 
 
 def _json_value(value: Any) -> Any:
     if isinstance(value, str | int | float | bool) or value is None:
         return value
+    if isinstance(value, BaseException):
+        return _error_text(value)
+    if isinstance(value, enum.Enum):
+        return _json_value(value.value)
     if isinstance(value, list | tuple | set | frozenset):
         return [_json_value(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _json_value(v) for k, v in value.items()}
     return str(value)
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: the event name, the key=value fields as keys, and context."""
-
-    def __init__(self, role: str) -> None:
-        super().__init__()
-        self.role = role
-
-    def format(self, record: logging.LogRecord) -> str:
-        message = record.getMessage()
-        event, _, rest = message.partition(" ")
-        data: dict[str, Any] = {
-            "ts": record.created,
-            "level": record.levelname.lower(),
-            "role": self.role,
-            "pid": os.getpid(),
-            "logger": record.name,
-            "event": event,
-        }
-        for key, value in _PAIR.findall(rest):
-            data.setdefault(key, _number(value))
-        for key, value in _fields(record).items():
-            data.setdefault(key, _json_value(value))
-        if isinstance(data.get("request_ids"), str):  # a list, for jq and friends
-            data["request_ids"] = data["request_ids"].split(",")
-        if rest and not _ONLY_PAIRS.fullmatch(rest.strip()):  # free text besides the fields
-            data["message"] = message
-        if record.exc_info:
-            data["exc"] = self.formatException(record.exc_info)
-        return orjson.dumps(data).decode()
+def _error_text(error: BaseException) -> str:
+    """``ConnectionError: Connection refused by peer``: the type, and the message whole."""
+    message = str(error)
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
-class TextFormatter(logging.Formatter):
-    """``time LEVEL role[pid] event key=value ...``, with the bound context appended."""
+def _render_json(_: WrappedLogger, __: str, event_dict: EventDict) -> str:
+    data = {key: _json_value(value) for key, value in event_dict.items()}
+    if "exception" in data:
+        data["exc"] = data.pop("exception")
+    return _redacted(orjson.dumps(data).decode())
 
-    def __init__(self, role: str) -> None:
-        super().__init__(f"%(asctime)s %(levelname)s {role}[%(process)d] %(message)s")
 
-    def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        message = record.getMessage()
-        extra = [
-            f"{key}={_text_value(value)}"
-            for key, value in _fields(record).items()
-            if f"{key}=" not in message
-        ]
-        if not extra:
-            return line
-        head, newline, tail = line.partition("\n")  # keep a traceback below the fields
-        return f"{head} {' '.join(extra)}{newline}{tail}"
+def _render_text(_: WrappedLogger, __: str, event_dict: EventDict) -> str:
+    """``time LEVEL role[pid] event key=value ...``, a traceback below the line."""
+    fields = dict(event_dict)
+    ts = fields.pop("ts")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    head = (
+        f"{when},{int(ts % 1 * 1000):03d} {fields.pop('level').upper()} "
+        f"{fields.pop('role')}[{fields.pop('pid')}] {fields.pop('event')}"
+    )
+    fields.pop("logger")
+    traceback = fields.pop("exception", None)
+    pairs = "".join(f" {key}={_text_value(value)}" for key, value in fields.items())
+    return _redacted(f"{head}{pairs}" + (f"\n{traceback}" if traceback else ""))
 
 
 def _text_value(value: Any) -> str:
     if isinstance(value, list | tuple | set | frozenset):
-        return ",".join(str(v) for v in value)
-    return str(value)
+        return ",".join(_text_value(v) for v in value)
+    if isinstance(value, BaseException):
+        value = _error_text(value)
+    elif isinstance(value, enum.Enum):
+        value = value.value
+    text = str(value)
+    if not text or any(c.isspace() or c in '"=' for c in text):
+        return orjson.dumps(text).decode()  # quoted, so that a value stays one token
+    return text
 
 
-def _number(value: str) -> Any:
-    """``attempt=2`` becomes 2 in JSON; ids and names stay strings."""
-    if value.isdigit() and len(value) < 16:
-        return int(value)
-    return value
+# Run at the call, in the caller's context: the bound fields and the traceback are taken there.
+_AT_CALL: list[Processor] = [
+    structlog.stdlib.filter_by_level,
+    _drop_none,
+    merge_contextvars,
+    structlog.processors.format_exc_info,
+]
+
+structlog.configure(
+    processors=[*_AT_CALL, ProcessorFormatter.wrap_for_formatter],
+    logger_factory=structlog.stdlib.LoggerFactory(),
+    wrapper_class=BoundLogger,
+    cache_logger_on_first_use=True,
+)
+
+
+def formatter(role: str, fmt: str = "text") -> logging.Formatter:
+    """The formatter of every line of this process, batchserve's and other libraries'."""
+    return ProcessorFormatter(
+        foreign_pre_chain=[merge_contextvars, structlog.processors.format_exc_info],
+        processors=[_stamp(role), _render_json if fmt == "json" else _render_text],
+    )
 
 
 def setup_logging(role: str, *, fmt: str = "text", level: str = "INFO") -> None:
     handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter(role))
-    else:
-        handler.setFormatter(TextFormatter(role))
+    handler.setFormatter(formatter(role, fmt))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("aiormq", "aio_pika", "celery", "kombu", "amqp", "httpx", "uvicorn.access"):
+    for noisy in _NOISY:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))

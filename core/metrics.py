@@ -14,7 +14,6 @@ Metric objects are built on first use, so a worker can switch to multiprocess mo
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import tempfile
@@ -29,9 +28,10 @@ from prometheus_client import (
     start_http_server,
 )
 
+from core.logs import get_logger
 from core.settings import Settings
 
-log = logging.getLogger("batchserve.metrics")
+log = get_logger("batchserve.metrics")
 
 LATENCY_BUCKETS_S = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
@@ -232,4 +232,4 @@ def serve_exporter(port: int, host: str, role: str, *, directory: Path | None = 
         start_http_server(port, addr=host)
     else:
         start_http_server(port, addr=host, registry=registry)
-    log.info("metrics_exporter role=%s url=http://%s:%d/metrics", role, host, port)
+    log.info("metrics_exporter", url=f"http://{host}:{port}/metrics")

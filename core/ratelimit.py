@@ -3,14 +3,15 @@ the embedded mode. ``take`` answers 0 when allowed, else the seconds until a tok
 
 from __future__ import annotations
 
-import logging
 import time
 from abc import ABC, abstractmethod
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-log = logging.getLogger("batchserve.ratelimit")
+from core.logs import get_logger
+
+log = get_logger("batchserve.ratelimit")
 
 # Refill by elapsed time (Redis' clock, the same for every replica), then take one token.
 _TAKE = """
@@ -68,7 +69,7 @@ class RedisRateLimiter(RateLimiter):
             wait = await self._script(keys=[f"{self._prefix}.rate.{key}"], args=[rate_per_s, burst])
         except (RedisError, OSError) as error:
             # Redis away: admit (the queued quota and the backlog bound still hold).
-            log.warning("rate_limit_unavailable error=%s", type(error).__name__)
+            log.warning("rate_limit_unavailable", error=type(error).__name__)
             return 0.0
         return float(wait)
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -30,8 +29,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from core.domain import StateChange
+from core.logs import get_logger
 
-log = logging.getLogger("batchserve.tokenlog")
+log = get_logger("batchserve.tokenlog")
 
 DELTA = "delta"
 STATE = "state"
@@ -290,16 +290,16 @@ class RedisTokenLog(TokenLog):
             self._down_until = time.monotonic() + self.config.retry_after_s
             self._renewed_at.clear()  # the expiries may not have been set
             log.warning(
-                "token_log_write_failed entries=%d dropped_before=%d error=%s",
-                len(batch),
-                self._dropped,
-                error,
+                "token_log_write_failed",
+                entries=len(batch),
+                dropped_before=self._dropped,
+                error=error,
             )
             self._dropped = 0
         except asyncio.CancelledError:
             raise
         except Exception:  # a bug here must not end the writer
-            log.exception("token_log_write_failed entries=%d", len(batch))
+            log.exception("token_log_write_failed", entries=len(batch))
 
     async def read(
         self, request_id: str, after: str = START, *, count: int = 512, block_s: float = 0.0
@@ -310,7 +310,7 @@ class RedisTokenLog(TokenLog):
                 {self.key(request_id): after}, count=count, block=block_ms or None
             )
         except (RedisError, OSError) as error:
-            log.warning("token_log_read_failed request_id=%s error=%s", request_id, error)
+            log.warning("token_log_read_failed", request_id=request_id, error=error)
             return None
         if not found:
             return []

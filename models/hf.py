@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import importlib.util
-import logging
 import os
 import shutil
 import tempfile
@@ -25,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.logs import get_logger
 from core.settings import Settings
 from models.registry import ModelSpec
 
@@ -37,7 +37,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 # Files whose presence marks a finished conversion; the directory appears only by atomic rename.
 _CACHE_MARKERS = ("config.json", "model.safetensors", "tokenizer_config.json")
@@ -120,7 +120,7 @@ def _convert(source: Path, target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     started = time.perf_counter()
-    log.info("model_convert_started source=%s target=%s", source, target)
+    log.info("model_convert_started", source=source, target=target)
     common: dict[str, Any] = {"gguf_file": source.name, "local_files_only": True}
     tokenizer = AutoTokenizer.from_pretrained(source.parent, **common)
     loaded = AutoModelForCausalLM.from_pretrained(source.parent, dtype=torch.float32, **common)
@@ -143,7 +143,7 @@ def _convert(source: Path, target: Path) -> None:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    log.info("model_convert_done target=%s seconds=%.1f", target, time.perf_counter() - started)
+    log.info("model_convert_done", target=target, seconds=round(time.perf_counter() - started, 1))
 
 
 def _is_complete(path: Path) -> bool:

@@ -16,7 +16,6 @@ A third-party backend ships a :class:`BackendPlugin` and names it in its own pac
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
@@ -24,12 +23,14 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from core.logs import get_logger
+
 if TYPE_CHECKING:
     from models.base import Backend
     from models.engine import Engine
     from models.registry import ModelSpec
 
-log = logging.getLogger("batchserve.plugins")
+log = get_logger("batchserve.plugins")
 
 GROUP = "batchserve.backends"
 Kind = Literal["batch", "engine"]
@@ -96,10 +97,10 @@ def backends() -> dict[str, BackendPlugin]:
         try:
             plugin = point.load()
         except Exception:  # a broken third-party plugin must not take the others down
-            log.exception("backend_plugin_unloadable name=%s", point.name)
+            log.exception("backend_plugin_unloadable", name=point.name)
             continue
         if not isinstance(plugin, BackendPlugin):
-            log.error("backend_plugin_invalid name=%s value=%r", point.name, plugin)
+            log.error("backend_plugin_invalid", name=point.name, value=repr(plugin))
             continue
         found[point.name] = plugin
     return found

@@ -8,15 +8,15 @@ Tokenizers load in the background at start-up; until one is ready, counts are es
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
 from typing import Any
 
+from core.logs import get_logger
 from models.plugins import plugin_for
 from models.registry import ModelSpec, Registry
 
-log = logging.getLogger("batchserve.tokens")
+log = get_logger("batchserve.tokens")
 
 # Prompts longer than this are counted off the event loop.
 _LONG_PROMPT_CHARS = 20_000
@@ -60,9 +60,9 @@ class PromptCounter:
                     self._tokenizers[spec.name] = AutoTokenizer.from_pretrained(
                         path, local_files_only=True
                     )
-                    log.info("tokenizer_ready model=%s", spec.name)
+                    log.info("tokenizer_ready", model=spec.name)
                 except Exception:  # admission falls back to estimates; the worker says more
-                    log.exception("tokenizer_unavailable model=%s", spec.name)
+                    log.exception("tokenizer_unavailable", model=spec.name)
             if waiting:
                 time.sleep(retry_s)
 

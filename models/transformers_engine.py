@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 import queue
 import threading
 import time
@@ -32,6 +31,7 @@ from typing import Any
 import torch
 
 from core.domain import ErrorCode
+from core.logs import get_logger
 from models.engine import (
     Engine,
     EngineCapacity,
@@ -57,7 +57,7 @@ from models.sampling import sample_token, seeded_generator
 from models.scheduling import common_prefix, prefill_chunks, round_up
 from models.textstream import TextStream
 
-log = logging.getLogger("batchserve.engine")
+log = get_logger("batchserve.engine")
 
 # A shared prefix shorter than this is computed again: copying it costs about as much.
 _MIN_SHARED_PREFIX = 16
@@ -153,14 +153,13 @@ class TransformersEngine(Engine):
         self.last_step_at = clock()
         self.load_seconds = time.perf_counter() - started
         log.info(
-            "engine_loaded model=%s device=%s dtype=%s seconds=%.2f max_num_seqs=%d "
-            "kv_budget_tokens=%d",
-            spec.name,
-            self.device,
-            str(self.dtype).removeprefix("torch."),
-            self.load_seconds,
-            self.max_num_seqs,
-            self.kv_budget_tokens,
+            "engine_loaded",
+            model=spec.name,
+            device=self.device,
+            dtype=str(self.dtype).removeprefix("torch."),
+            seconds=round(self.load_seconds, 2),
+            max_num_seqs=self.max_num_seqs,
+            kv_budget_tokens=self.kv_budget_tokens,
         )
 
     # -- the contract ------------------------------------------------------------------------
@@ -211,7 +210,7 @@ class TransformersEngine(Engine):
                 try:
                     updates = self.step()
                 except Exception:  # the engine is broken: let the worker's watchdog see it
-                    log.exception("engine_step_failed model=%s", self.spec.name)
+                    log.exception("engine_step_failed", model=self.spec.name)
                     return
                 if updates:
                     self._emit(updates)
@@ -525,12 +524,11 @@ class TransformersEngine(Engine):
             decode_step_s_alone=alone[1],
         )
         log.info(
-            "engine_profile model=%s prefill_tokens_per_s=%.0f decode_step_ms=%.1f "
-            "decode_step_ms_alone=%.1f",
-            self.spec.name,
-            profile.prefill_tokens_per_s,
-            profile.decode_step_s * 1000,
-            profile.decode_step_s_alone * 1000,
+            "engine_profile",
+            model=self.spec.name,
+            prefill_tokens_per_s=round(profile.prefill_tokens_per_s),
+            decode_step_ms=round(profile.decode_step_s * 1000, 1),
+            decode_step_ms_alone=round(profile.decode_step_s_alone * 1000, 1),
         )
         return profile
 

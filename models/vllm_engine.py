@@ -16,13 +16,13 @@ transformers): the worker talks to Postgres, RabbitMQ and Redis like any role. O
 from __future__ import annotations
 
 import asyncio
-import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from core.domain import ErrorCode
+from core.logs import get_logger
 from models.engine import (
     Engine,
     EngineCapacity,
@@ -37,7 +37,7 @@ from models.engine import (
 from models.hf import dtype_name, encode_prompt, ensure_converted, load_tokenizer
 from models.registry import ModelSpec
 
-log = logging.getLogger("batchserve.engine")
+log = get_logger("batchserve.engine")
 
 
 class VllmEngine(Engine):
@@ -75,13 +75,13 @@ class VllmEngine(Engine):
         if blocks:
             self.capacity = EngineCapacity(self.max_num_seqs, blocks * int(cache.block_size))
         log.info(
-            "engine_loaded model=%s backend=vllm device=%s seconds=%.1f max_num_seqs=%d "
-            "kv_budget_tokens=%d",
-            self.spec.name,
-            device,
-            time.perf_counter() - started,
-            self.max_num_seqs,
-            self.capacity.max_num_tokens,
+            "engine_loaded",
+            model=self.spec.name,
+            backend="vllm",
+            device=device,
+            seconds=round(time.perf_counter() - started, 1),
+            max_num_seqs=self.max_num_seqs,
+            kv_budget_tokens=self.capacity.max_num_tokens,
         )
         loop = asyncio.get_running_loop()
         self._loop = loop
@@ -131,9 +131,9 @@ class VllmEngine(Engine):
         except Exception as error:
             if _engine_dead(error):
                 self.dead = error
-                log.error("engine_dead model=%s error=%r", self.spec.name, error)
+                log.error("engine_dead", model=self.spec.name, error=error)
                 return  # no word for this sequence: the worker exits and its lease runs out
-            log.exception("sequence_failed request_id=%s", request_id)
+            log.exception("sequence_failed", request_id=request_id)
             self._send(
                 failed_update(request, ErrorCode.MODEL_ERROR, f"{type(error).__name__}: {error}", 0)
             )
@@ -222,12 +222,11 @@ class VllmEngine(Engine):
             prefill_tokens_per_s=full[0], decode_step_s=full[1], decode_step_s_alone=alone[1]
         )
         log.info(
-            "engine_profile model=%s prefill_tokens_per_s=%.0f decode_step_ms=%.1f "
-            "decode_step_ms_alone=%.1f",
-            self.spec.name,
-            profile.prefill_tokens_per_s,
-            profile.decode_step_s * 1000,
-            profile.decode_step_s_alone * 1000,
+            "engine_profile",
+            model=self.spec.name,
+            prefill_tokens_per_s=round(profile.prefill_tokens_per_s),
+            decode_step_ms=round(profile.decode_step_s * 1000, 1),
+            decode_step_ms_alone=round(profile.decode_step_s_alone * 1000, 1),
         )
         return profile
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from celery import Celery
@@ -12,12 +11,13 @@ from kombu.exceptions import KombuError
 
 from core.domain import BatchMessage
 from core.errors import Unavailable
+from core.logs import get_logger
 from core.settings import Settings
 from workers.celery_app import RUN_BATCH_TASK, batches_queue
 from workers.engine_runner import EngineRunner
 from workers.runner import BatchRunner
 
-log = logging.getLogger("batchserve.dispatch")
+log = get_logger("batchserve.dispatch")
 
 
 class CeleryDispatcher:
@@ -80,7 +80,7 @@ class InProcessDispatcher:
         try:
             await self._runners[message.model].run(message, slot=slot)
         except Exception:
-            log.exception("batch_failed batch_id=%s", message.batch_id)
+            log.exception("batch_failed", batch_id=message.batch_id)
         finally:
             self._busy[message.model].discard(slot)
 

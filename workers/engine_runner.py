@@ -25,7 +25,6 @@ import asyncio
 import collections
 import contextlib
 import itertools
-import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -45,13 +44,14 @@ from core.domain import (
     StateChange,
 )
 from core.events import EventBus, Subscription
+from core.logs import get_logger
 from core.metrics import metrics
 from core.store import BatchStart, ItemOutcome, JobStore, Reaped
 from core.tokenlog import LogEntry, TokenLog
 from models.engine import Engine, SequenceRequest, SequenceUpdate
 from workers.runner import item_timings, observe_latency, with_patience
 
-log = logging.getLogger("batchserve.worker")
+log = get_logger("batchserve.worker")
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,12 +186,10 @@ class EngineRunner:
 
         start = await with_patience(batch_id, take, self.config.write_patience_s)
         if start is None:
-            log.info("batch_skipped batch_id=%s (finished, reaped or elsewhere)", batch_id)
+            log.info("batch_skipped", batch_id=batch_id, note="finished, reaped or elsewhere")
             return
         if isinstance(start, Reaped):
-            log.warning(
-                "batch_crashed_before batch_id=%s requeued=%d", batch_id, len(start.requeued)
-            )
+            log.warning("batch_crashed_before", batch_id=batch_id, requeued=len(start.requeued))
             metrics().batches_finished.labels(message.model, "crashed").inc()
             await self._announce(message, BatchOutcome.CRASHED, worker)
             await self._republish(start)
@@ -227,13 +225,13 @@ class EngineRunner:
             self._running[item.request_id] = _Sequence(item, batch, added_at)
             self.engine.add(SequenceRequest.of(item, self._max_new_tokens))
         log.info(
-            "batch_started batch_id=%s model=%s attempt=%d size=%d isolating=%s running=%d",
-            batch.batch_id,
-            self.model,
-            batch.attempt,
-            len(batch.live),
-            batch.isolating,
-            len(self._running),
+            "batch_started",
+            batch_id=batch.batch_id,
+            model=self.model,
+            attempt=batch.attempt,
+            size=len(batch.live),
+            isolating=batch.isolating,
+            running=len(self._running),
         )
 
     # -- what the engine makes ---------------------------------------------------------------
@@ -372,7 +370,7 @@ class EngineRunner:
         finally:
             self._batches.pop(batch.batch_id, None)
         if reaped is None:
-            log.warning("batch_result_discarded batch_id=%s (lease lost)", batch.batch_id)
+            log.warning("batch_result_discarded", batch_id=batch.batch_id, note="lease lost")
             metrics().batches_finished.labels(self.model, "stale").inc()
         else:
             metrics().batches_finished.labels(self.model, "succeeded").inc()
@@ -380,12 +378,12 @@ class EngineRunner:
             observe_latency(self.model, outcomes)
             await self._republish(reaped)
         log.info(
-            "batch_done batch_id=%s model=%s attempt=%d size=%d model_ms=%.1f",
-            batch.batch_id,
-            self.model,
-            batch.attempt,
-            len(batch.items),
-            model_ms,
+            "batch_done",
+            batch_id=batch.batch_id,
+            model=self.model,
+            attempt=batch.attempt,
+            size=len(batch.items),
+            model_ms=round(model_ms, 1),
         )
         await self._announce(batch.message, BatchOutcome.SUCCEEDED, batch.worker)
 
@@ -402,7 +400,7 @@ class EngineRunner:
 
     def _lost(self, batch: _Batch) -> None:
         """Our attempt at this batch is over (reaped): stop its sequences, keep nothing."""
-        log.warning("lease_lost batch_id=%s: its sequences are stopped", batch.batch_id)
+        log.warning("lease_lost", batch_id=batch.batch_id, note="its sequences are stopped")
         for request_id in list(batch.live):
             sequence = self._running.get(request_id)
             if sequence is not None and not sequence.ended:
@@ -428,7 +426,7 @@ class EngineRunner:
             await self._queue.publish(reaped.requeued)
             await self._store.mark_published([m.id for m in reaped.requeued])
         except Exception as error:  # maintenance republishes what stays unpublished
-            log.warning("requeue_publish_failed error=%s", error)
+            log.warning("requeue_publish_failed", error=error)
 
     # -- time --------------------------------------------------------------------------------
 
@@ -448,10 +446,10 @@ class EngineRunner:
                 assert sequence.first_token_at is not None and item.time_limit_s is not None
                 generating_s = now - sequence.first_token_at
                 log.warning(
-                    "sequence_time_limit request_id=%s limit_s=%.1f generating_s=%.1f",
-                    item.request_id,
-                    item.time_limit_s,
-                    generating_s,
+                    "sequence_time_limit",
+                    request_id=item.request_id,
+                    limit_s=round(item.time_limit_s, 1),
+                    generating_s=round(generating_s, 1),
                 )
                 message = (
                     f"stopped after generating for {generating_s:.1f} s, past its time limit "
@@ -475,11 +473,11 @@ class EngineRunner:
             if not self.stalled:
                 self.stalled = True
                 log.error(
-                    "engine_stalled model=%s running=%d seconds_since_step=%.1f: leases are "
-                    "left to run out",
-                    self.model,
-                    health.running,
-                    stuck_s,
+                    "engine_stalled",
+                    model=self.model,
+                    running=health.running,
+                    seconds_since_step=round(stuck_s, 1),
+                    note="leases are left to run out",
                 )
                 if self._on_stalled is not None:
                     self._on_stalled()
@@ -488,7 +486,7 @@ class EngineRunner:
         try:
             kept = await self._store.renew_leases(held, now + self.config.lease_s)
         except Exception as error:  # the database is away: try again at the next renewal
-            log.warning("lease_renew_failed error=%s", error)
+            log.warning("lease_renew_failed", error=error)
             return
         for batch_id, _ in held:
             batch = self._batches.get(batch_id)
@@ -500,7 +498,7 @@ class EngineRunner:
             try:
                 await self.tick(self._clock())
             except Exception:
-                log.exception("engine_tick_failed model=%s", self.model)
+                log.exception("engine_tick_failed", model=self.model)
             await asyncio.sleep(self.config.tick_s)
 
     async def _write_forever(self) -> None:
@@ -510,7 +508,7 @@ class EngineRunner:
             try:
                 await self.flush()
             except Exception:  # a write that keeps failing: the lease runs out, it runs again
-                log.exception("engine_write_failed model=%s", self.model)
+                log.exception("engine_write_failed", model=self.model)
                 await asyncio.sleep(0.5)
                 self._dirty.set()
 

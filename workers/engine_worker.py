@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 import os
 import socket
 import threading
@@ -26,6 +25,7 @@ from typing import Any
 from celery import signals
 
 from core.domain import BatchMessage
+from core.logs import get_logger
 from core.loops import new_event_loop
 from core.metrics import serve_role_metrics
 from core.settings import Settings
@@ -36,7 +36,7 @@ from models.registry import ModelSpec
 from workers.celery_app import RUN_BATCH_TASK, batches_queue_name, create_celery
 from workers.engine_runner import EngineRunner, EngineRunnerConfig
 
-log = logging.getLogger("batchserve.worker")
+log = get_logger("batchserve.worker")
 
 
 def engine_worker_id(model: str) -> str:
@@ -120,14 +120,14 @@ class EngineWorker:
     def drain_and_close(self, drain_s: float) -> None:
         self.withdraw()
         finished = self._on_loop(self.runner.drain(drain_s))
-        log.info("worker_drained model=%s all_finished=%s", self.spec.name, finished)
+        log.info("worker_drained", model=self.spec.name, all_finished=finished)
         self._on_loop(self.runner.close(), timeout=60)
         self._on_loop(self.adapters.close(), timeout=30)
 
     def _stalled(self) -> None:
         # The leases are left to run out (maintenance requeues what ran here); a fresh
         # process is the only cure for a hung engine.
-        log.error("worker_exiting model=%s reason=engine_stalled", self.spec.name)
+        log.error("worker_exiting", model=self.spec.name, reason="engine_stalled")
         self.registration.withdraw()
         os._exit(70)
 
@@ -147,15 +147,16 @@ def run_engine_worker(settings: Settings, spec: ModelSpec, *, loglevel: str = "I
         worker_state.start_heartbeat()
         capacity = worker_state.runner.engine.capacity
         log.info(
-            "worker_ready model=%s kind=engine max_num_seqs=%d max_num_tokens=%d",
-            spec.name,
-            capacity.max_num_seqs,
-            capacity.max_num_tokens,
+            "worker_ready",
+            model=spec.name,
+            kind="engine",
+            max_num_seqs=capacity.max_num_seqs,
+            max_num_tokens=capacity.max_num_tokens,
         )
 
     @signals.worker_shutting_down.connect(weak=False)
     def _stopping(**_: Any) -> None:
-        log.info("worker_draining model=%s", spec.name)
+        log.info("worker_draining", model=spec.name)
         worker_state.withdraw()
 
     @signals.worker_shutdown.connect(weak=False)

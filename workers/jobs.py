@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -31,12 +30,13 @@ from core.bulk import IngestClaim, JobStatus, LineError
 from core.domain import ErrorCode, Event, JobChanged, RequestState, SubmitCommand, from_epoch
 from core.errors import Unavailable
 from core.events import JOBS, EventBus
+from core.logs import get_logger
 from core.records import command_message
 from core.settings import Settings
 from core.store import ActiveJob, JobStore
 from models.registry import Registry
 
-log = logging.getLogger("batchserve.jobs")
+log = get_logger("batchserve.jobs")
 
 J = JobStatus
 
@@ -75,7 +75,7 @@ class JobDriver:
         self._clock = clock
 
     async def run(self) -> None:
-        log.info("job_driver_started tick_s=%.2f", self.config.tick_s)
+        log.info("job_driver_started", tick_s=round(self.config.tick_s, 2))
         subscription = (
             self._events.subscribe(self._on_event, on_reconnect=self._wake_all, topics=(JOBS,))
             if self._events is not None
@@ -105,9 +105,9 @@ class JobDriver:
             try:
                 done = await step(self._clock())
             except Unavailable as error:
-                log.warning("job_driver_backoff error=%s", error)
+                log.warning("job_driver_backoff", error=error)
             except Exception:
-                log.exception("job_driver_step_failed step=%s", step.__name__)
+                log.exception("job_driver_step_failed", step=step.__name__)
             if not done:
                 # A tick, or sooner when the API announces a job (the event is a hint: the
                 # tick finds what a missed one would have said).
@@ -147,7 +147,7 @@ class JobDriver:
                 # The check runs in a thread, so the loop writes the chunk before meanwhile.
                 chunk = await asyncio.to_thread(validation.next_chunk, self.config.ingest_chunk)
                 if writing is not None and not await writing:
-                    log.info("job_ingest_stopped job_id=%s at=%d", claim.job_id, len(commands))
+                    log.info("job_ingest_stopped", job_id=claim.job_id, at=len(commands))
                     return
                 writing = None
                 first = len(commands)
@@ -156,7 +156,7 @@ class JobDriver:
                 if over is None and start < len(commands):
                     writing = asyncio.create_task(self._write(claim, commands[start:], start))
             if writing is not None and not await writing:
-                log.info("job_ingest_stopped job_id=%s at=%d", claim.job_id, len(commands))
+                log.info("job_ingest_stopped", job_id=claim.job_id, at=len(commands))
                 return
             writing = None
         finally:
@@ -167,23 +167,23 @@ class JobDriver:
         refused = validation.errors or ([over] if over is not None else [])
         if refused:
             failed = await self._store.fail_job(claim, refused, self._clock())
-            log.info("job_refused job_id=%s errors=%d held=%s", claim.job_id, len(refused), failed)
+            log.info("job_refused", job_id=claim.job_id, errors=len(refused), held=failed)
             return
         unconfirmed = commands[claim.published_lines :]
         if not await self._publish(claim, unconfirmed, len(commands)):
-            log.info("job_ingest_stopped job_id=%s at=%d", claim.job_id, len(commands))
+            log.info("job_ingest_stopped", job_id=claim.job_id, at=len(commands))
             return
         now = self._clock()
         started_ok = await self._store.start_job(
             claim, total=len(commands), model=validation.model, now=now
         )
         log.info(
-            "job_ingested job_id=%s requests=%d resumed_at=%d seconds=%.2f started=%s",
-            claim.job_id,
-            len(commands),
-            claim.ingested_lines,
-            now - started,
-            started_ok,
+            "job_ingested",
+            job_id=claim.job_id,
+            requests=len(commands),
+            resumed_at=claim.ingested_lines,
+            seconds=round(now - started, 2),
+            started=started_ok,
         )
 
     async def _over_bulk_quota(self, tenant: str, requests: int) -> LineError | None:
@@ -215,7 +215,7 @@ class JobDriver:
         try:
             await self._queue.publish([command_message(c) for c in commands])
         except Unavailable as error:
-            log.warning("job_publish_failed job_id=%s error=%s", claim.job_id, error)
+            log.warning("job_publish_failed", job_id=claim.job_id, error=error)
             return False
         return await self._store.published_through(claim, through, self._clock())
 
@@ -252,7 +252,7 @@ class JobDriver:
         while ended := await self._store.end_job_requests(
             job.id, state, code=code.value, message=message, now=now
         ):
-            log.info("job_requests_ended job_id=%s state=%s count=%d", job.id, state, len(ended))
+            log.info("job_requests_ended", job_id=job.id, state=state, count=len(ended))
         return await self._finish(job, (job.status,), ending, now)
 
     async def _finish(
@@ -262,5 +262,5 @@ class JobDriver:
             job.id, from_statuses=from_statuses, to_status=ending, now=now, render=render_files
         )
         if done:
-            log.info("job_ended job_id=%s status=%s", job.id, ending.value)
+            log.info("job_ended", job_id=job.id, status=ending.value)
         return int(done)

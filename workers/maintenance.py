@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,10 +16,11 @@ from core.broker import RequestQueue
 from core.domain import BatchClosed, BatchOutcome
 from core.errors import Unavailable
 from core.events import EventBus
+from core.logs import get_logger
 from core.store import JobStore
 from workers.jobs import JobDriver
 
-log = logging.getLogger("batchserve.maintenance")
+log = get_logger("batchserve.maintenance")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +62,7 @@ class Maintenance:
         self._last_prune = 0.0
 
     async def run(self) -> None:
-        log.info("maintenance_started tick_s=%.2f", self.config.tick_s)
+        log.info("maintenance_started", tick_s=round(self.config.tick_s, 2))
         # Ingest and output files take seconds: the job driver runs beside the tick, not in it,
         # so a long ingest never delays lease reaping.
         driver = asyncio.create_task(self._jobs.run()) if self._jobs is not None else None
@@ -80,14 +80,14 @@ class Maintenance:
                 report = await self.tick(self._clock())
                 if report.reaped_batches or report.expired or report.republished:
                     log.info(
-                        "maintenance_tick reaped_batches=%d requeued=%d expired=%d republished=%d",
-                        report.reaped_batches,
-                        report.requeued,
-                        report.expired,
-                        report.republished,
+                        "maintenance_tick",
+                        reaped_batches=report.reaped_batches,
+                        requeued=report.requeued,
+                        expired=report.expired,
+                        republished=report.republished,
                     )
             except Unavailable as error:
-                log.warning("maintenance_backoff error=%s", error)
+                log.warning("maintenance_backoff", error=error)
             except Exception:
                 log.exception("maintenance_tick_failed")
             await asyncio.sleep(self.config.tick_s)
@@ -111,12 +111,12 @@ class Maintenance:
             outcome = BatchOutcome.CRASHED if lease.started else BatchOutcome.ABANDONED
             reaped = await self._store.reap_batch(lease.batch_id, now=now, outcome=outcome)
             log.warning(
-                "batch_reaped batch_id=%s model=%s outcome=%s requeued=%d ended=%d",
-                lease.batch_id,
-                lease.model,
-                outcome.value,
-                len(reaped.requeued),
-                len(reaped.ended),
+                "batch_reaped",
+                batch_id=lease.batch_id,
+                model=lease.model,
+                outcome=outcome.value,
+                requeued=len(reaped.requeued),
+                ended=len(reaped.ended),
             )
             report.reaped_batches += 1
             report.requeued += len(reaped.requeued)
@@ -125,7 +125,7 @@ class Maintenance:
                     await self._queue.publish(reaped.requeued)
                     await self._store.mark_published([m.id for m in reaped.requeued])
                 except Unavailable as error:
-                    log.warning("requeue_publish_failed error=%s (will republish)", error)
+                    log.warning("requeue_publish_failed", error=error, note="will republish")
             await self._events.publish(
                 BatchClosed(model=lease.model, batch_id=str(lease.batch_id), outcome=outcome.value)
             )
@@ -138,4 +138,4 @@ class Maintenance:
         await self._queue.publish(messages)
         await self._store.mark_published([m.id for m in messages], now=now)
         report.republished = len(messages)
-        log.warning("republished count=%d", len(messages))
+        log.warning("republished", count=len(messages))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -29,13 +28,13 @@ from core.domain import (
 )
 from core.errors import Unavailable
 from core.events import EventBus, Subscription
-from core.logs import annotate, bind
+from core.logs import annotate, bind, get_logger
 from core.metrics import metrics
 from core.store import BatchStart, ItemOutcome, JobStore, Reaped
 from core.tokenlog import LogEntry, TokenLog
 from models.base import Backend, OnResult
 
-log = logging.getLogger("batchserve.worker")
+log = get_logger("batchserve.worker")
 
 T = TypeVar("T")
 
@@ -60,7 +59,7 @@ def run_isolating(
     except Exception as error:  # the model's failure, whatever it is, is isolated not spread
         if len(items) == 1:
             message = f"{type(error).__name__}: {error}"
-            log.warning("item_failed_alone request_id=%s error=%s", items[0].request_id, message)
+            log.warning("item_failed_alone", request_id=items[0].request_id, error=message)
             return RunOutput([], [(items[0].request_id, message)], 1)
         half = len(items) // 2
         left = run_isolating(backend, items[:half], on_result)
@@ -192,7 +191,9 @@ class BatchRunner:
         )
         reaped = await self._with_patience(batch_id, write)
         if reaped is None:
-            log.warning("batch_result_discarded batch_id=%s (lease lost: stale attempt)", batch_id)
+            log.warning(
+                "batch_result_discarded", batch_id=batch_id, note="lease lost: stale attempt"
+            )
             metrics().batches_finished.labels(message.model, "stale").inc()
             return
         found = metrics()
@@ -202,15 +203,14 @@ class BatchRunner:
             message.model, [o for o in outcomes if o.result.request_id not in written_early]
         )
         log.info(
-            "batch_done batch_id=%s model=%s attempt=%d size=%d model_ms=%.1f runs=%d "
-            "failed_alone=%d",
-            batch_id,
-            message.model,
-            start.attempt,
-            len(items),
-            model_ms,
-            output.num_runs,
-            len(output.failed_alone),
+            "batch_done",
+            batch_id=batch_id,
+            model=message.model,
+            attempt=start.attempt,
+            size=len(items),
+            model_ms=round(model_ms, 1),
+            runs=output.num_runs,
+            failed_alone=len(output.failed_alone),
         )
         await self._republish(message, reaped)
 
@@ -234,7 +234,7 @@ class BatchRunner:
             await self._queue.publish(reaped.requeued)
             await self._store.mark_published([m.id for m in reaped.requeued])
         except Unavailable as error:  # maintenance republishes what stays unpublished
-            log.warning("requeue_publish_failed batch_id=%s error=%s", message.batch_id, error)
+            log.warning("requeue_publish_failed", batch_id=message.batch_id, error=error)
 
     async def _announce(self, message: BatchMessage, outcome: BatchOutcome, worker: str) -> None:
         """Tell the batcher the slot is free (it may already have sent the next batch)."""
@@ -258,7 +258,7 @@ class BatchRunner:
             except Unavailable:
                 continue
             if not held:
-                log.warning("lease_lost batch_id=%s: results will be discarded", batch_id)
+                log.warning("lease_lost", batch_id=batch_id, note="results will be discarded")
                 return
 
 
@@ -276,7 +276,7 @@ async def with_patience(
         except Unavailable as error:
             if time.monotonic() > give_up:
                 raise
-            log.warning("result_write_retry batch_id=%s error=%s", batch_id, error)
+            log.warning("result_write_retry", batch_id=batch_id, error=error)
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, 2.0)
 
@@ -346,13 +346,13 @@ class OpenBatch:
             start = await self.starting
             await self.early.close()
             if start is None:
-                log.info("batch_skipped batch_id=%s (finished, reaped or elsewhere)", self.batch_id)
+                log.info(
+                    "batch_skipped", batch_id=self.batch_id, note="finished, reaped or elsewhere"
+                )
                 return
             if isinstance(start, Reaped):
                 log.warning(
-                    "batch_crashed_before batch_id=%s requeued=%d",
-                    self.batch_id,
-                    len(start.requeued),
+                    "batch_crashed_before", batch_id=self.batch_id, requeued=len(start.requeued)
                 )
                 metrics().batches_finished.labels(message.model, "crashed").inc()
                 await runner._announce(message, BatchOutcome.CRASHED, self.worker)
@@ -450,9 +450,7 @@ class _EarlyResults:
                 now=now,
             )
         except Unavailable as error:  # the batch's final write carries them too
-            log.warning(
-                "early_results_not_written batch_id=%s error=%s", self._message.batch_id, error
-            )
+            log.warning("early_results_not_written", batch_id=self._message.batch_id, error=error)
             return
         if written:
             self.written.update(written)

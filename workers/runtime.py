@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import logging
 import os
 import socket
 import threading
@@ -21,7 +20,7 @@ from core.broker import RabbitRequestQueue
 from core.db import create_engine
 from core.domain import BatchMessage
 from core.events import RedisEventBus
-from core.logs import bind
+from core.logs import bind, get_logger
 from core.loops import new_event_loop
 from core.settings import Settings
 from core.store import JobStore
@@ -31,7 +30,7 @@ from models.registry import ModelSpec
 from workers.gate import SlotGate
 from workers.runner import BatchRunner
 
-log = logging.getLogger("batchserve.worker")
+log = get_logger("batchserve.worker")
 
 
 def worker_id(model: str) -> str:
@@ -67,7 +66,7 @@ class WorkerRuntime:
             lease_s=settings.lease_s,
             tokens=self.tokens,
         )
-        log.info("worker_process_ready model=%s pid=%d", spec.name, os.getpid())
+        log.info("worker_process_ready", model=spec.name)
 
     def run(self, payload: dict[str, Any]) -> None:
         """Take the lease (on the loop), run the model in this, the Celery task's, thread and
@@ -94,7 +93,9 @@ class WorkerRuntime:
     def _finished(self, future: concurrent.futures.Future[None]) -> None:
         self._pending.discard(future)
         if not future.cancelled() and (error := future.exception()) is not None:
-            log.error("batch_write_failed error=%r (the lease will run out; it runs again)", error)
+            log.error(
+                "batch_write_failed", error=error, note="the lease will run out; it runs again"
+            )
 
     def drain(self, timeout_s: float = 30.0) -> None:
         """Let the results still being written land before the process exits."""

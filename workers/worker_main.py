@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import socket
@@ -13,6 +12,7 @@ from typing import Any
 
 from celery import signals
 
+from core.logs import get_logger
 from core.metrics import (
     enable_multiprocess,
     mark_process_dead,
@@ -28,7 +28,7 @@ from workers.celery_app import RUN_BATCH_TASK, batches_queue_name, create_celery
 from workers.gate import SlotGate
 from workers.runtime import RuntimeHolder
 
-log = logging.getLogger("batchserve.worker")
+log = get_logger("batchserve.worker")
 
 
 def _run_batch(payload: dict[str, Any]) -> None:
@@ -111,7 +111,7 @@ def run_worker(settings: Settings, spec: ModelSpec, *, slots: int, loglevel: str
     @signals.worker_ready.connect(weak=False)
     def _ready(**_: Any) -> None:
         heartbeat.start()
-        log.info("worker_ready model=%s slots=%d standby=%s", spec.name, slots, standby)
+        log.info("worker_ready", model=spec.name, slots=slots, standby=standby)
 
     @signals.worker_process_shutdown.connect(weak=False)
     def _drain_process(**_: Any) -> None:
@@ -123,7 +123,7 @@ def run_worker(settings: Settings, spec: ModelSpec, *, slots: int, loglevel: str
     def _stopping(**_: Any) -> None:
         # SIGTERM: the running batches finish (Celery's warm shutdown) but the batcher must
         # send no more here, so the slots go at once.
-        log.info("worker_draining model=%s", spec.name)
+        log.info("worker_draining", model=spec.name)
         heartbeat.stop()
 
     @signals.worker_shutdown.connect(weak=False)

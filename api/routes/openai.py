@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
@@ -39,9 +38,10 @@ from api.streams import PING_S
 from api.submission import build_command, exact_prompt_tokens
 from core.domain import RequestRecord, RequestState, utcnow
 from core.errors import BatchserveError, WaitTimedOut
+from core.logs import get_logger
 from core.store import TenantRow
 
-log = logging.getLogger("batchserve.api")
+log = get_logger("batchserve.api")
 
 router = APIRouter(
     prefix="/v1", tags=["openai"], route_class=OpenAIRoute, dependencies=[Depends(get_caller)]
@@ -137,7 +137,7 @@ def _stream(
                 yield ServerSentEvent(data=data)
             finished = True
         except BatchserveError as error:  # the database went away mid-stream
-            log.warning("openai_stream_failed request_id=%s error=%s", record.id, error)
+            log.warning("openai_stream_failed", request_id=record.id, error=error)
             body = error_body(status_of(error), error.message, error.code, None)
             yield ServerSentEvent(data=orjson.dumps(body).decode())
             yield ServerSentEvent(data=DONE)
@@ -174,4 +174,4 @@ async def _disconnected(request: Request) -> None:
 async def _cancel(services: ApiServices, record: RequestRecord, tenant: str, why: str) -> None:
     with contextlib.suppress(BatchserveError):
         await services.adapters.store.cancel(record.id, tenant)
-        log.info("openai_request_cancelled request_id=%s reason=%s", record.id, why)
+        log.info("openai_request_cancelled", request_id=record.id, reason=why)

@@ -6,7 +6,6 @@ the operators' network (the reverse proxy in front of the API should not route t
 
 from __future__ import annotations
 
-import logging
 from functools import cache
 from importlib.resources import files
 
@@ -20,11 +19,12 @@ from api.problems import problem
 from api.responses import JSON
 from api.services import ApiServices
 from core.errors import Unavailable
+from core.logs import get_logger
 from core.metrics import metrics
 from core.ops import ClusterCollector, OpsView
 from core.store.stats import StatsReader
 
-log = logging.getLogger("batchserve.api")
+log = get_logger("batchserve.api")
 
 router = APIRouter(tags=["operations"])
 
@@ -56,7 +56,7 @@ async def prometheus_metrics(request: Request, services: Services) -> Response:
         await view.gauges()
         body += generate_latest(cluster)
     except Unavailable as error:  # the process's own figures are still worth a scrape
-        log.warning("metrics_gauges_unavailable error=%s", error)
+        log.warning("metrics_gauges_unavailable", error=error)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import logging
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from core.domain import (
     from_epoch,
 )
 from core.ids import uuid7
+from core.logs import get_logger
 from core.metrics import metrics
 from core.records import aware
 from core.tables import batches_table, deliveries_table, events_table, requests_table
@@ -36,7 +36,7 @@ deliveries_t = deliveries_table
 
 OnChange = Callable[[StateChange], Awaitable[None]]
 S = RequestState
-log = logging.getLogger("batchserve.store")
+log = get_logger("batchserve.store")
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,11 +188,11 @@ def observe_state_change(
     for at in range(0, len(ids), _IDS_PER_LINE):
         chunk = ids[at : at + _IDS_PER_LINE]
         log.info(
-            "requests_%s count=%d request_ids=%s",
-            state.value,
-            len(chunk),
-            ",".join(chunk),
-            extra={"batch_id": batch_id, "model": model},
+            f"requests_{state.value}",
+            count=len(chunk),
+            request_ids=list(chunk),
+            batch_id=batch_id,
+            model=model,
         )
 
 

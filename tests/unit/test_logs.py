@@ -1,54 +1,176 @@
-"""Structured log lines: the event, its key=value fields, ``extra=`` and the bound context."""
+"""Structured log lines: the event, its typed fields and the bound context, in both formats."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import io
 import logging
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
-from core.logs import JsonFormatter, TextFormatter, annotate, bind, bound
+from core.logs import annotate, bind, bound, formatter, get_logger, setup_logging
+
+Log = Callable[..., list[str]]
 
 
-def record(message: str, *args: object, **extra: object) -> logging.LogRecord:
-    made = logging.LogRecord("batchserve.test", logging.INFO, __file__, 1, message, args, None)
-    made.__dict__.update(extra)
-    return made
+@pytest.fixture
+def emit() -> Iterator[Log]:
+    """Log through a process's renderer: ``emit("json", "api", lambda log: ...)``, its lines."""
+    logger = logging.getLogger("batchserve.test")
+
+    def run(fmt: str, role: str, call: Callable[[Any], None], *, stdlib: bool = False) -> list[str]:
+        stream = io.StringIO()
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(formatter(role, fmt))
+        logger.addHandler(handler)
+        try:
+            call(logger if stdlib else get_logger(logger.name))
+        finally:
+            logger.removeHandler(handler)
+        return stream.getvalue().splitlines()
+
+    level, propagate = logger.level, logger.propagate
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    yield run
+    logger.setLevel(level)
+    logger.propagate = propagate
 
 
-def test_a_json_line_has_the_event_its_fields_and_the_bound_context() -> None:
-    formatter = JsonFormatter("worker")
+def json_line(emit: Log, role: str, call: Callable[[Any], None], **kw: Any) -> dict[str, Any]:
+    (line,) = emit("json", role, call, **kw)
+    data: dict[str, Any] = orjson.loads(line)
+    return data
+
+
+def test_a_json_line_has_the_event_its_fields_and_the_bound_context(emit: Log) -> None:
     with bind(batch_id="b-1", model="echo-100ms"), bind(attempt=2):
-        line = formatter.format(record("batch_done size=%d model_ms=%.1f", 32, 101.5))
-    data = orjson.loads(line)
-    assert data["event"] == "batch_done" and data["role"] == "worker"
-    assert data["size"] == 32 and data["model_ms"] == "101.5"
-    assert data["batch_id"] == "b-1" and data["model"] == "echo-100ms" and data["attempt"] == 2
-
-
-def test_the_message_wins_over_the_context_and_extra_adds_fields() -> None:
-    formatter = JsonFormatter("api")
-    with bind(model="bound-model", tenant="acme"):
-        line = formatter.format(
-            record("requests_running model=echo-100ms", request_ids="a,b", batch_id=None)
+        data = json_line(
+            emit, "worker", lambda log: log.info("batch_done", size=32, model_ms=101.5)
         )
-    data = orjson.loads(line)
+    assert data["event"] == "batch_done" and data["role"] == "worker"
+    assert data["size"] == 32 and data["model_ms"] == 101.5
+    assert data["batch_id"] == "b-1" and data["model"] == "echo-100ms" and data["attempt"] == 2
+    assert list(data)[:6] == ["ts", "level", "role", "pid", "logger", "event"]
+    assert data["level"] == "info" and data["logger"] == "batchserve.test"
+
+
+def test_an_error_a_float_and_an_int_keep_their_json_types(emit: Log) -> None:
+    """The regex formatter this replaced cut the error at its first space and kept floats as
+    strings."""
+    error = ConnectionError("Connection refused by peer")
+    with bind(request_id="r-42"):
+        data = json_line(
+            emit,
+            "api",
+            lambda log: log.warning("publish_failed", error=error, seconds=0.25, count=3),
+        )
+    assert data["error"] == "ConnectionError: Connection refused by peer"
+    assert isinstance(data["seconds"], float) and data["seconds"] == 0.25
+    assert isinstance(data["count"], int) and data["count"] == 3
+    assert data["request_id"] == "r-42"
+
+
+REQUEST_ID = "01a22c87-857a-7153-9df7-f9006fb25689"
+
+
+def test_the_bound_request_id_is_on_every_line_in_both_formats(emit: Log) -> None:
+    def lines(log: Any) -> None:
+        log.info("request_accepted", lane="interactive")
+        log.warning("openai_stream_failed", error=TimeoutError())
+
+    with bind(request_id=REQUEST_ID):
+        text = emit("text", "api", lines)
+        json = emit("json", "api", lines)
+    assert len(text) == len(json) == 2
+    assert all(f"request_id={REQUEST_ID}" in line for line in text)
+    assert all(orjson.loads(line)["request_id"] == REQUEST_ID for line in json)
+    assert text[1].endswith(f"openai_stream_failed error=TimeoutError request_id={REQUEST_ID}")
+
+
+def test_the_call_wins_over_the_context_and_none_is_absent(emit: Log) -> None:
+    with bind(model="bound-model", tenant="acme"), bind(batch_id="b-1"):
+        data = json_line(
+            emit,
+            "api",
+            lambda log: log.info(
+                "requests_running", model="echo-100ms", request_ids=["a", "b"], batch_id=None
+            ),
+        )
     assert data["model"] == "echo-100ms" and data["tenant"] == "acme"
-    assert data["request_ids"] == ["a", "b"] and "batch_id" not in data
+    assert data["request_ids"] == ["a", "b"]
+    assert data["batch_id"] == "b-1"  # None at the call: the bound one fills it
     assert "message" not in data  # nothing but fields: no need to repeat it
 
 
-def test_free_text_keeps_the_whole_message() -> None:
-    data = orjson.loads(JsonFormatter("api").format(record("publish_failed count=3 (retrying)")))
-    assert data["count"] == 3 and data["message"] == "publish_failed count=3 (retrying)"
+def test_another_librarys_line_keeps_its_whole_message_and_the_context(emit: Log) -> None:
+    with bind(request_id="r-7"):
+        data = json_line(
+            emit, "api", lambda log: log.warning("publish failed: %d (retrying)", 3), stdlib=True
+        )
+        (text,) = emit("text", "api", lambda log: log.warning("Shutting down"), stdlib=True)
+    assert data["event"] == "publish failed: 3 (retrying)" and data["role"] == "api"
+    assert data["request_id"] == "r-7" and data["level"] == "warning"
+    assert text.endswith(f"WARNING api[{data['pid']}] Shutting down request_id=r-7")
 
 
-def test_text_lines_carry_the_context_not_already_in_the_message() -> None:
-    formatter = TextFormatter("batcher")
+def test_text_lines_carry_the_fields_then_the_context(emit: Log) -> None:
     with bind(batch_id="b-9", model="echo-100ms"):
-        line = formatter.format(record("batch_dispatched model=echo-100ms size=4"))
+        (line,) = emit(
+            "text", "batcher", lambda log: log.info("batch_dispatched", model="echo-100ms", size=4)
+        )
     assert line.endswith("batch_dispatched model=echo-100ms size=4 batch_id=b-9")
+    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO batcher\[\d+\] ", line), line
+
+
+def test_text_values_with_spaces_are_quoted_and_lists_joined(emit: Log) -> None:
+    error = ConnectionError("Connection refused by peer")
+    (line,) = emit(
+        "text",
+        "worker",
+        lambda log: log.info("x", error=error, request_ids=["a", "b"], seconds=1.5),
+    )
+    assert line.endswith(
+        'x error="ConnectionError: Connection refused by peer" request_ids=a,b seconds=1.5'
+    )
+
+
+def test_an_exception_keeps_its_traceback_in_both_formats(emit: Log) -> None:
+    def failing(log: Any) -> None:
+        try:
+            1 / 0  # noqa: B018
+        except ZeroDivisionError:
+            log.exception("batch_failed", batch_id="b-3")
+
+    text = emit("text", "worker", failing)
+    (json,) = emit("json", "worker", failing)
+    data = orjson.loads(json)
+    assert text[0].endswith(f"ERROR worker[{data['pid']}] batch_failed batch_id=b-3")
+    assert text[1] == "Traceback (most recent call last):" and "ZeroDivisionError" in text[-1]
+    assert data["level"] == "error" and data["batch_id"] == "b-3"
+    assert data["exc"].startswith("Traceback") and "ZeroDivisionError" in data["exc"]
+
+
+def test_a_urls_password_is_never_logged(emit: Log) -> None:
+    url = "postgresql+psycopg://batchserve:s3cret-pw@db:5432/batchserve"
+    error = ConnectionError(f"cannot reach {url}")
+
+    def ready(log: Any) -> None:
+        log.info("embedded_ready", url="http://127.0.0.1:8000/", tenant="a@b", database=url)
+        log.warning("store_unavailable", error=error)
+
+    text = emit("text", "api", ready)
+    json = [orjson.loads(line) for line in emit("json", "api", ready)]
+    assert not any("s3cret-pw" in line for line in text)
+    assert json[0]["database"] == "postgresql+psycopg://batchserve:***@db:5432/batchserve"
+    assert json[0]["url"] == "http://127.0.0.1:8000/" and json[0]["tenant"] == "a@b"
+    assert json[1]["error"].endswith("batchserve:***@db:5432/batchserve")
 
 
 def test_bind_restores_the_outer_context_on_exit() -> None:
@@ -70,7 +192,58 @@ async def test_annotate_stays_inside_its_task() -> None:
     assert bound() == {}
 
 
-@pytest.mark.parametrize("value", ["01a22c87-857a-7153-9df7-f9006fb25689", "echo-100ms", "1e3"])
-def test_ids_and_names_stay_strings(value: str) -> None:
-    data = orjson.loads(JsonFormatter("api").format(record(f"x key={value}")))
+@pytest.mark.parametrize("value", [REQUEST_ID, "echo-100ms", "1e3"])
+def test_ids_and_names_stay_strings(emit: Log, value: str) -> None:
+    data = json_line(emit, "api", lambda log: log.info("x", key=value))
     assert data["key"] == value
+
+
+def test_setup_routes_other_libraries_through_the_renderer_and_quiets_the_noisy(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    noisy = {name: logging.getLogger(name).level for name in ("celery", "uvicorn.access")}
+    try:
+        setup_logging("api", fmt="json", level="INFO")
+        with bind(request_id="r-9"):
+            logging.getLogger("uvicorn.error").info("Application startup complete.")
+            logging.getLogger("uvicorn.access").info("GET /v1/requests 200")
+            get_logger("batchserve.api").info("request_accepted", lane="bulk")
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        for name, was in noisy.items():
+            logging.getLogger(name).setLevel(was)
+    lines = [orjson.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert [(line["logger"], line["event"]) for line in lines] == [
+        ("uvicorn.error", "Application startup complete."),
+        ("batchserve.api", "request_accepted"),
+    ]
+    assert all(line["role"] == "api" and line["request_id"] == "r-9" for line in lines)
+
+
+PRODUCT = Path(__file__).resolve().parents[2]
+LEVELS = {"debug", "info", "warning", "error", "exception", "critical"}
+
+
+def test_every_log_call_is_an_event_name_and_keyword_fields() -> None:
+    """No printf message anywhere: a log call is ``log.info("event", key=value)``."""
+    found = []
+    for folder in ("api", "batching", "cli", "core", "models", "workers"):
+        for path in (PRODUCT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "log"
+                    and node.func.attr in LEVELS
+                ):
+                    event = node.args[0] if node.args else None
+                    plain = isinstance(event, ast.Constant) and re.fullmatch(
+                        r"\w+", str(event.value)
+                    )
+                    if len(node.args) != 1 or not (plain or isinstance(event, ast.JoinedStr)):
+                        found.append(f"{path.relative_to(PRODUCT)}:{node.lineno}")
+    assert found == []

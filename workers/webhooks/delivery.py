@@ -5,7 +5,6 @@ The same code runs in the Celery ``webhooks`` worker and in the embedded mode's 
 
 from __future__ import annotations
 
-import logging
 import random
 import ssl
 import time
@@ -18,6 +17,7 @@ from api.batch_schemas import batch_object
 from api.schemas import RequestOut, dump
 from core.bulk import JobRecord
 from core.domain import ClaimedDelivery, DeliveryStart, RequestRecord
+from core.logs import get_logger
 from core.metrics import metrics
 from core.secretbox import SecretBox
 from core.settings import Settings
@@ -28,7 +28,7 @@ from core.webhook_policy import AttemptOutcome, RetryDecision, RetryPolicy
 from core.webhook_secrets import WebhookSecrets
 from workers.webhooks.sender import WebhookSender
 
-log = logging.getLogger("batchserve.webhooks")
+log = get_logger("batchserve.webhooks")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +113,7 @@ class Deliverer:
             max_attempts=self.policy.max_attempts,
         )
         if start is None:
-            log.info("webhook_claim_stale delivery_id=%s", claim.id)
+            log.info("webhook_claim_stale", delivery_id=claim.id)
             return None
         outcome = await self._attempt(start)
         now = self._clock()
@@ -126,15 +126,16 @@ class Deliverer:
         await self._store.finish_attempt(start, outcome, decision, now=now)
         metrics().webhook_deliveries.labels(decision.verdict.value).inc()
         log.info(
-            "webhook_attempt delivery_id=%s subject=%s attempt=%d status=%s verdict=%s "
-            "duration_ms=%.1f next_in_s=%s",
-            start.id,
-            start.request_id or start.job_id,
-            start.number,
-            outcome.status_code if outcome.status_code is not None else "-",
-            decision.verdict.value,
-            outcome.duration_ms,
-            f"{decision.next_attempt_at - now:.2f}" if decision.next_attempt_at else "-",
+            "webhook_attempt",
+            delivery_id=start.id,
+            subject=start.request_id or start.job_id,
+            attempt=start.number,
+            status=outcome.status_code,
+            verdict=decision.verdict.value,
+            duration_ms=round(outcome.duration_ms, 1),
+            next_in_s=round(decision.next_attempt_at - now, 2)
+            if decision.next_attempt_at
+            else None,
         )
         return decision
 

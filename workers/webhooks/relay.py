@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,12 +19,13 @@ from kombu.exceptions import KombuError
 from core.domain import ClaimedDelivery, Event, StateChange
 from core.errors import Unavailable
 from core.events import EventBus, Subscription
+from core.logs import get_logger
 from core.settings import Settings
 from core.store import JobStore
 from workers.celery_app import DELIVER_WEBHOOK_TASK, webhooks_queue
 from workers.webhooks.delivery import Deliverer
 
-log = logging.getLogger("batchserve.webhooks")
+log = get_logger("batchserve.webhooks")
 
 MAX_CLAIM = 100
 
@@ -59,7 +59,9 @@ class Relay:
         self._wake = asyncio.Event()
 
     async def run(self) -> None:
-        log.info("webhook_relay_started tick_s=%.2f lease_s=%.1f", self._tick_s, self._lease_s)
+        log.info(
+            "webhook_relay_started", tick_s=round(self._tick_s, 2), lease_s=round(self._lease_s, 1)
+        )
         subscription: Subscription | None = None
         if self._events is not None:
             subscription = self._events.subscribe(self._on_event)
@@ -69,7 +71,7 @@ class Relay:
                 try:
                     claimed = await self.tick(self._clock())
                 except Unavailable as error:
-                    log.warning("webhook_relay_backoff error=%s", error)
+                    log.warning("webhook_relay_backoff", error=error)
                 except Exception:
                     log.exception("webhook_relay_tick_failed")
                 if claimed >= MAX_CLAIM:
@@ -118,7 +120,7 @@ class InProcessSenders:
             await self._deliverer.deliver(claim)
         except Exception:
             # The lease runs out and the relay sends it again.
-            log.exception("webhook_attempt_crashed delivery_id=%s", claim.id)
+            log.exception("webhook_attempt_crashed", delivery_id=claim.id)
 
     async def close(self) -> None:
         for task in list(self._tasks):

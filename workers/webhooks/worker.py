@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import socket
 import threading
@@ -23,13 +22,14 @@ from celery import Celery, signals
 from core.db import create_engine
 from core.domain import ClaimedDelivery
 from core.events import RedisEventBus
+from core.logs import get_logger
 from core.settings import Settings
 from core.store import JobStore
 from workers.celery_app import DELIVER_WEBHOOK_TASK, create_celery, webhooks_queue_name
 from workers.webhooks.delivery import Deliverer, create_deliverer
 from workers.webhooks.relay import CelerySenders, Relay
 
-log = logging.getLogger("batchserve.webhooks")
+log = get_logger("batchserve.webhooks")
 T = TypeVar("T")
 
 
@@ -103,7 +103,7 @@ def run_webhooks(settings: Settings, *, loglevel: str = "INFO") -> None:
 
     @signals.worker_ready.connect(weak=False)
     def _ready(**_: Any) -> None:
-        log.info("webhooks_ready concurrency=%d", settings.webhook_concurrency)
+        log.info("webhooks_ready", concurrency=settings.webhook_concurrency)
 
     runtime.start()
     worker = app.Worker(
