@@ -88,13 +88,13 @@ def bench(
     stream_models: Annotated[
         str,
         typer.Option(help="Scenario streaming: MODEL:REQUESTS a round, comma-separated"),
-    ] = "echo-100ms:320,smollm2-135m:32",
+    ] = "echo-100ms:160,smollm2-135m:24",
     concurrency: Annotated[
         int, typer.Option(help="Scenario streaming: clients, each waiting for its answer")
     ] = 32,
     pairs: Annotated[
         int, typer.Option(help="Scenario streaming: ABBA pairs of rounds (plain, stream)")
-    ] = 2,
+    ] = 4,
     client: Annotated[
         bool, typer.Option(help="Scenario streaming: also the aiperf client, streaming")
     ] = True,

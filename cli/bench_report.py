@@ -126,7 +126,7 @@ def render_streaming(doc: dict[str, Any], console: Console) -> None:
         "streaming: the same chat requests answered whole and streamed, closed loop of "
         f"{doc['concurrency']}, rounds {order}",
         ["model", "variant", "requests", "errors", "seconds", "requests/s", "tokens/s",
-         "API CPU ms a request"],
+         "CPU ms a request"],
     )  # fmt: skip
     for m in doc["models"]:
         for variant in ("plain", "stream"):
@@ -139,13 +139,15 @@ def render_streaming(doc: dict[str, Any], console: Console) -> None:
                 f"{v['seconds']:.1f}",
                 f"{v['rps']:.1f}",
                 f"{v['tokens_per_s']:.1f}",
-                f"{v['api_cpu_ms']:.2f}",
+                ", ".join(f"{k} {ms:.2f}" for k, ms in v["cpu_ms"].items()),
             )
     console.print(table)
     for m in doc["models"]:
         console.print(
             f"{m['model']}: streamed / plain = {m['rps_ratio']:.3f} in requests/s, "
-            f"{m['tokens_ratio']:.3f} in tokens/s"
+            f"{m['tokens_ratio']:.3f} in tokens/s; median of the pairs of rounds "
+            f"{m['median_pair_rps_ratio']:.3f}; CPU a request, plain / streamed "
+            f"{m['cpu_ratio']:.3f}"
         )
         c = m.get("client")
         if c:

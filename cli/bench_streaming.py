@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -48,7 +49,7 @@ class Workload:
 class StreamingPlan:
     workloads: list[Workload]
     concurrency: int = 64
-    pairs: int = 2  # ABBA pairs of rounds: 2 -> plain, stream, stream, plain x 2
+    pairs: int = 4  # of rounds, in ABBA order: 2 -> plain, stream, stream, plain
     workers: int = 2  # slots of a batch model's worker
     client: bool = True  # then the client sends a round's requests, streaming
     client_timeout_s: float = 600.0
@@ -75,7 +76,9 @@ class Round:
     latency_p50_ms: float
     ttft_p50_ms: float | None = None
     pieces_mean: float | None = None
-    api_cpu_ms: float | None = None  # CPU of the API process a request
+    # CPU ms a request of each role (the API, batcher, worker with its pool, maintenance):
+    # unlike throughput it hardly moves with what else the machine runs.
+    cpu_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def rps(self) -> float:
@@ -105,13 +108,18 @@ def abba(pairs: int) -> list[str]:
     return [PLAIN, STREAM, STREAM, PLAIN] * (pairs // 2) + [PLAIN, STREAM] * (pairs % 2)
 
 
-def totals(rounds: Sequence[Round], variant: str) -> dict[str, float]:
+def totals(rounds: Sequence[Round], variant: str) -> dict[str, Any]:
     """A variant's throughput over its rounds: requests and tokens over their summed time."""
     mine = [r for r in rounds if r.variant == variant]
     seconds = sum(r.seconds for r in mine)
     requests = sum(r.requests for r in mine)
     tokens = sum(r.completion_tokens for r in mine)
-    cpu = [r.api_cpu_ms for r in mine if r.api_cpu_ms is not None]
+    roles = sorted({role for r in mine for role in r.cpu_ms})
+    cpu_ms = {
+        role: round(sum(r.cpu_ms.get(role, 0.0) * r.requests for r in mine) / requests, 3)
+        for role in roles
+        if requests
+    }
     return {
         "rounds": len(mine),
         "requests": requests,
@@ -119,19 +127,31 @@ def totals(rounds: Sequence[Round], variant: str) -> dict[str, float]:
         "seconds": round(seconds, 3),
         "rps": round(requests / seconds, 2) if seconds > 0 else math.nan,
         "tokens_per_s": round(tokens / seconds, 2) if seconds > 0 else math.nan,
-        "api_cpu_ms": round(sum(cpu) / len(cpu), 3) if cpu else math.nan,
+        "cpu_ms": cpu_ms,
+        "cpu_ms_total": round(sum(cpu_ms.values()), 3) if cpu_ms else math.nan,
     }
 
 
 def comparison(rounds: Sequence[Round]) -> dict[str, Any]:
     """Both variants' throughput and the ratios streamed / plain (1.0: streaming is free;
-    the goal is at least 0.95)."""
+    the goal is at least 0.95): over all rounds; the median of each pair of neighbouring
+    rounds' (robust to a burst of other work on the machine during one pair); and the CPU
+    of the roles a request, plain over streamed (what a CPU-bound service keeps of its
+    throughput when it streams)."""
     plain, stream = totals(rounds, PLAIN), totals(rounds, STREAM)
+    pairs = [
+        _ratio(b.rps, a.rps) if a.variant == PLAIN else _ratio(a.rps, b.rps)
+        for a, b in zip(rounds[::2], rounds[1::2], strict=False)
+        if {a.variant, b.variant} == {PLAIN, STREAM}
+    ]
     return {
         PLAIN: plain,
         STREAM: stream,
         "rps_ratio": _ratio(stream["rps"], plain["rps"]),
         "tokens_ratio": _ratio(stream["tokens_per_s"], plain["tokens_per_s"]),
+        "pair_rps_ratios": pairs,
+        "median_pair_rps_ratio": round(statistics.median(pairs), 4) if pairs else math.nan,
+        "cpu_ratio": _ratio(plain["cpu_ms_total"], stream["cpu_ms_total"]),
     }
 
 
@@ -298,8 +318,8 @@ async def compare_model(
             deployment.url, deployment.headers, bodies, plan.concurrency
         )
         figures = summarise(variant, answers, seconds)
-        api_cpu = cpu_per(cpu_before, deployment.cpu_s(), figures.requests).get("api")
-        figures = Round(**{**asdict(figures), "api_cpu_ms": api_cpu})
+        cpu_ms = cpu_per(cpu_before, deployment.cpu_s(), figures.requests)
+        figures = Round(**{**asdict(figures), "cpu_ms": cpu_ms})
         result.rounds.append(figures)
         say(
             f"{workload.model} {variant}: {figures.requests} requests in {figures.seconds:.2f} s "

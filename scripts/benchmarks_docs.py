@@ -51,7 +51,14 @@ RUNS: list[tuple[str, list[str], str | None]] = [
     ("ingest", ["--scenario", "ingest"], "bench-ingest.png"),
     ("bulk", ["--scenario", "bulk"], None),
     ("mixed", ["--scenario", "mixed"], None),
-    ("streaming", ["--scenario", "streaming"], None),
+    (
+        "streaming",
+        [
+            *("--scenario", "streaming", "--stream-models", "echo-100ms:160,smollm2-135m:24"),
+            *("--pairs", "4", "--max-tokens", "32"),
+        ],
+        None,
+    ),
 ]
 PROFILES: list[tuple[str, list[str]]] = [
     ("worker", ["--scenario", "saturation", "--variants", "adaptive", "--http-load", "0"]),

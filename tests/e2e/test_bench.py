@@ -125,12 +125,13 @@ def test_streaming_serves_the_same_requests_plain_and_streamed(run_id: str, tmp_
         # The echo model answers with its prompt: the same tokens whichever way delivered.
         assert row["completion_tokens"] == plain["completion_tokens"] > 48
         assert row["latency_p50_ms"] >= 100  # a batch takes 100 ms
-        assert row["api_cpu_ms"] > 0
+        assert row["cpu_ms"]["api"] > 0 and row["cpu_ms"]["worker"] > 0
     assert plain["ttft_p50_ms"] is None
     # The fixed model emits its answer as one delta: one piece, after its batch.
     assert stream["pieces_mean"] == 1 and stream["ttft_p50_ms"] >= 100
     assert echo["rps_ratio"] == pytest.approx(stream["rps"] / plain["rps"], rel=0.01)
-    assert echo["tokens_ratio"] > 0
+    assert echo["tokens_ratio"] > 0 and echo["cpu_ratio"] > 0
+    assert echo["median_pair_rps_ratio"] == pytest.approx(echo["rps_ratio"], rel=1e-3)
 
 
 @pytest.mark.skipif(

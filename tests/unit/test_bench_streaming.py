@@ -46,7 +46,7 @@ def test_rounds_alternate_so_a_linear_drift_weighs_on_both_variants_alike() -> N
 
 
 def _round(variant: str, requests: int, seconds: float, tokens: int, cpu: float) -> Round:
-    return Round(variant, requests, 0, seconds, tokens, 120.0, api_cpu_ms=cpu)
+    return Round(variant, requests, 0, seconds, tokens, 120.0, cpu_ms={"api": cpu, "worker": 1.0})
 
 
 def test_throughput_is_requests_over_summed_time_and_the_ratio_streamed_over_plain() -> None:
@@ -61,12 +61,20 @@ def test_throughput_is_requests_over_summed_time_and_the_ratio_streamed_over_pla
     assert figures[STREAM]["rps"] == pytest.approx(200 / 1.08, abs=0.01)
     assert figures["rps_ratio"] == pytest.approx(1.0 / 1.08, abs=1e-4)
     assert figures["tokens_ratio"] == pytest.approx(1.0 / 1.08, abs=1e-4)
-    assert figures[STREAM]["api_cpu_ms"] == 2.5 and figures[PLAIN]["rounds"] == 2
+    assert figures[STREAM]["cpu_ms"] == {"api": 2.5, "worker": 1.0}
+    assert figures[PLAIN]["cpu_ms_total"] == 3.0 and figures[PLAIN]["rounds"] == 2
+    assert figures["cpu_ratio"] == pytest.approx(3.0 / 3.5, abs=1e-4)
+    # Each neighbouring pair (plain, stream) then (stream, plain), streamed over plain.
+    assert figures["pair_rps_ratios"] == [pytest.approx(0.5 / 0.52, abs=1e-4), 0.8929]
+    assert figures["median_pair_rps_ratio"] == pytest.approx(
+        (0.5 / 0.52 + 0.5 / 0.56) / 2, abs=1e-3
+    )
 
 
 def test_a_variant_that_served_nothing_has_no_ratio() -> None:
     figures = comparison([_round(PLAIN, 10, 1.0, 10, 1.0)])
     assert figures[STREAM]["rounds"] == 0 and math.isnan(figures["rps_ratio"])
+    assert figures["pair_rps_ratios"] == [] and math.isnan(figures["median_pair_rps_ratio"])
 
 
 def test_a_round_counts_only_answered_requests_and_the_streams_first_text() -> None:
