@@ -14,6 +14,7 @@ from typing import Any
 
 from cli.bench_stack import BenchDeployment
 from cli.bench_streaming import StreamingPlan, Workload, compare_model
+from cli.deployment import ROOT
 from models.plugins import is_engine
 from models.registry import ModelSpec, Registry
 
@@ -128,8 +129,11 @@ def _client(
     )
     out_dir = deployment.log_dir / f"aiperf-{workload.model}"
     figures = run_client(run, out_dir, plan.client_timeout_s).as_dict()
+    # As a reader would type it: the key, the environment and the run's log folder by name.
     shown = client_command(run, out_dir)
     shown[shown.index(run.api_key)] = "$BATCHSERVE_API_KEY"
+    shown[0] = str(Path(shown[0]).relative_to(ROOT))
+    shown[shown.index(str(out_dir))] = f"$LOGS/{out_dir.name}"
     return {**figures, "command": shlex.join(shown)}
 
 
