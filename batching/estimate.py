@@ -89,7 +89,12 @@ class SequenceCost:
         """The estimator's answer for one sequence as linear terms, where it has them."""
         if isinstance(estimator, LearnedBatchTime):
             terms = estimator.coefficients
-            if terms is not None:
+            # Where every sequence asked for the same max_tokens the fit cannot tell a token's
+            # time from the fixed cost (its columns are collinear), and the least-norm answer
+            # can put it below zero: a negative time a token would make every sequence's time
+            # limit negative (`bench --scenario streaming` saw each request stopped at its
+            # first token). The engines' measured speed answers then.
+            if terms is not None and terms[2] + terms[3] > 0:
                 fixed, prompt, steps, steps_by_size = terms
                 return cls(fixed, prompt, steps + steps_by_size, estimator.floor_s)
             estimator = estimator.prior

@@ -12,15 +12,18 @@ import json
 import math
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+if TYPE_CHECKING:
+    from cli.bench_streaming import StreamingPlan
+
 console = Console(width=140)
 
-SCENARIOS = ("saturation", "overhead", "ingest", "bulk", "mixed", "model", "all")
+SCENARIOS = ("saturation", "overhead", "ingest", "bulk", "mixed", "model", "streaming", "all")
 ALL = ("saturation", "overhead", "ingest", "bulk", "mixed")
 
 
@@ -82,6 +85,19 @@ def bench(
     transformers_cb: Annotated[
         bool, typer.Option(help="Scenario model: also transformers' own continuous batching")
     ] = True,
+    stream_models: Annotated[
+        str,
+        typer.Option(help="Scenario streaming: MODEL:REQUESTS a round, comma-separated"),
+    ] = "echo-100ms:160,smollm2-135m:24",
+    concurrency: Annotated[
+        int, typer.Option(help="Scenario streaming: clients, each waiting for its answer")
+    ] = 32,
+    pairs: Annotated[
+        int, typer.Option(help="Scenario streaming: ABBA pairs of rounds (plain, stream)")
+    ] = 4,
+    client: Annotated[
+        bool, typer.Option(help="Scenario streaming: also the aiperf client, streaming")
+    ] = True,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG plot here")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document")] = False,
 ) -> None:
@@ -98,6 +114,22 @@ def bench(
         )
     if scenario == "model":
         _model(model, prompts, max_tokens, mixed_s, vllm, transformers_cb, as_json)
+        return
+    if scenario == "streaming":
+        from cli.bench_streaming import StreamingPlan, parse_workloads
+
+        try:
+            workloads = parse_workloads(stream_models, max_tokens)
+        except ValueError as error:
+            raise typer.BadParameter(str(error), param_hint="--stream-models") from error
+        plan = StreamingPlan(
+            workloads=workloads,
+            concurrency=concurrency,
+            pairs=pairs,
+            workers=workers,
+            client=client,
+        )
+        _report([_streaming(plan, keep, as_json)], None, as_json)
         return
     from cli.bench_run import BenchOptions, run_scenarios
 
@@ -234,3 +266,17 @@ def _run_loop_any(main: Coroutine[Any, Any, Any]) -> Any:
     except ImportError:
         return asyncio.run(main)
     return uvloop.run(main)
+
+
+def _streaming(plan: StreamingPlan, keep: bool, as_json: bool) -> dict[str, Any]:
+    from cli.bench_streaming_run import client_tokenizer, streaming_scenario
+    from core.settings import load_settings
+    from models.registry import load_registry
+
+    registry = load_registry(load_settings().models)
+    say = Console(stderr=True).print if as_json else console.print
+    tokenizer = client_tokenizer(registry, plan) if plan.client else None
+    document: dict[str, Any] = _run_loop_any(
+        streaming_scenario(plan, registry, tokenizer, keep=keep, say=say)
+    )
+    return document

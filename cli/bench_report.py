@@ -120,12 +120,53 @@ def render_flat(doc: dict[str, Any], console: Console) -> None:
     console.print(table)
 
 
+def render_streaming(doc: dict[str, Any], console: Console) -> None:
+    order = " ".join(doc["models"][0]["order"]) if doc["models"] else ""
+    table = _table(
+        "streaming: the same chat requests answered whole and streamed, closed loop of "
+        f"{doc['concurrency']}, rounds {order}",
+        ["model", "variant", "requests", "errors", "seconds", "requests/s", "tokens/s",
+         "CPU ms a request"],
+    )  # fmt: skip
+    for m in doc["models"]:
+        for variant in ("plain", "stream"):
+            v = m[variant]
+            table.add_row(
+                m["model"],
+                variant,
+                str(v["requests"]),
+                str(v["errors"]),
+                f"{v['seconds']:.1f}",
+                f"{v['rps']:.1f}",
+                f"{v['tokens_per_s']:.1f}",
+                ", ".join(f"{k} {ms:.2f}" for k, ms in v["cpu_ms"].items()),
+            )
+    console.print(table)
+    for m in doc["models"]:
+        console.print(
+            f"{m['model']}: streamed / plain = {m['rps_ratio']:.3f} in requests/s, "
+            f"{m['tokens_ratio']:.3f} in tokens/s; median of the pairs of rounds "
+            f"{m['median_pair_rps_ratio']:.3f}; CPU a request, plain / streamed "
+            f"{m['cpu_ratio']:.3f}"
+        )
+        c = m.get("client")
+        if c:
+            console.print(
+                f"  {c['client']} (streaming, {c['requests']} requests, {c['errors']} errors): "
+                f"TTFT p50 {c['ttft_p50_ms']:.1f} ms, p99 {c['ttft_p99_ms']:.1f} ms; "
+                f"ITL p50 {c['itl_p50_ms']:.2f} ms, p99 {c['itl_p99_ms']:.2f} ms; "
+                f"{c['request_throughput']:.1f} requests/s, "
+                f"{c['output_token_throughput']:.1f} output tokens/s"
+            )
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], Console], None]] = {
     "saturation": render_saturation,
     "overhead": render_overhead,
     "ingest": render_ingest,
     "bulk": render_flat,
     "mixed": render_flat,
+    "streaming": render_streaming,
 }
 
 

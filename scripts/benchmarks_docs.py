@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from benchmarks_streaming import streaming_md, verdict_rows
+from md_table import table
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -49,6 +51,14 @@ RUNS: list[tuple[str, list[str], str | None]] = [
     ("ingest", ["--scenario", "ingest"], "bench-ingest.png"),
     ("bulk", ["--scenario", "bulk"], None),
     ("mixed", ["--scenario", "mixed"], None),
+    (
+        "streaming",
+        [
+            *("--scenario", "streaming", "--stream-models", "echo-100ms:160,smollm2-135m:24"),
+            *("--pairs", "4", "--max-tokens", "32"),
+        ],
+        None,
+    ),
 ]
 PROFILES: list[tuple[str, list[str]]] = [
     ("worker", ["--scenario", "saturation", "--variants", "adaptive", "--http-load", "0"]),
@@ -96,15 +106,6 @@ def load_note(doc: dict[str, Any]) -> str:
         f"Load average (1 min) {before['load_avg_1m']:.1f} before, {after['load_avg_1m']:.1f} "
         f"after; {doc['wall_s']:.0f} s."
     )
-
-
-def _row(cells: list[Any]) -> str:
-    return "| " + " | ".join(str(c) for c in cells) + " |"
-
-
-def table(header: list[str], rows: list[list[Any]]) -> str:
-    lines = [_row(header), _row(["---"] * len(header))]
-    return "\n".join(lines + [_row(r) for r in rows])
 
 
 def saturation_md(doc: dict[str, Any]) -> str:
@@ -253,6 +254,8 @@ def verdicts(docs: dict[str, dict[str, Any]]) -> str:
             _met(bulk["persist_rps"] >= 20_000) + _bulk_caveat(bulk),
         ],
     ]
+    if "streaming" in docs:
+        rows += verdict_rows(docs["streaming"])
     return table(["target", "asked", "measured", ""], rows)
 
 
@@ -274,6 +277,11 @@ SECTIONS = [
     ("ingest", "Ingest: single submits", ingest_md),
     ("bulk", "Bulk: persisting a JSONL job", flat_md),
     ("mixed", "Mixed: interactive latency beside a bulk job", flat_md),
+    (
+        "streaming",
+        "Streaming: the same requests plain and streamed, and an outside client",
+        streaming_md,
+    ),
 ]
 
 
@@ -296,7 +304,9 @@ def render(docs: dict[str, dict[str, Any]], host: dict[str, Any], commands: dict
         verdicts(docs) + "\n",
     ]
     for name, title, render_section in SECTIONS:
-        doc = docs[name]
+        doc = docs.get(name)
+        if doc is None:  # figures saved before the scenario existed
+            continue
         parts.append(f"## {title}\n")
         parts.append(f"`{commands[name]}`\n")
         if doc.get("plot"):

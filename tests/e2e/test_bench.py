@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from cli.bench_client import AIPERF
 from cli.bench_drain import _BatchRow, drain_figures
 from cli.deployment import ROOT
 from tests.support import servers
@@ -22,10 +23,11 @@ TINY = {
     "ingest": ["--rates", "40,80", "--step-s", "1"],
     "bulk": ["--requests", "600"],
     "mixed": ["--duration", "2", "--rate", "10"],
+    "streaming": ["--stream-models", "echo-100ms:48", "--concurrency", "8", "--pairs", "1"],
 }
 
 
-def bench(scenario: str, run_id: str, tmp_path: Path) -> dict[str, Any]:
+def bench(scenario: str, run_id: str, tmp_path: Path, *extra: str) -> dict[str, Any]:
     env = {
         **os.environ,
         "BATCHSERVE_DATABASE_URL": servers.pg_url(f"{servers.DB_PREFIX}{run_id}"),
@@ -33,7 +35,16 @@ def bench(scenario: str, run_id: str, tmp_path: Path) -> dict[str, Any]:
         "BATCHSERVE_REDIS_URL": servers.REDIS_URL,
     }
     plot = tmp_path / f"{scenario}.png"
-    command = [sys.executable, "-m", "cli", "bench", "--scenario", scenario, *TINY[scenario]]
+    command = [
+        sys.executable,
+        "-m",
+        "cli",
+        "bench",
+        "--scenario",
+        scenario,
+        *TINY[scenario],
+        *extra,
+    ]
     command += ["--workers", "1", "--batch", "8", "--json", "--plot", str(plot)]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -99,6 +110,43 @@ def test_mixed_measures_interactive_latency_beside_a_job(run_id: str, tmp_path: 
     assert 100 <= doc["alone_p50_ms"] <= doc["alone_p99_ms"]
     assert 100 <= doc["with_job_p50_ms"] <= doc["with_job_p99_ms"]
     assert doc["job_requests"] >= 1000
+
+
+@pytest.mark.usefixtures("live_servers")
+def test_streaming_serves_the_same_requests_plain_and_streamed(run_id: str, tmp_path: Path) -> None:
+    doc = bench("streaming", run_id, tmp_path, "--no-client")
+    (echo,) = doc["models"]
+    assert echo["model"] == "echo-100ms" and echo["kind"] == "batch"
+    assert echo["order"] == ["plain", "stream"] and echo["client"] is None
+    plain, stream = echo["rounds"]
+    for row in (plain, stream):
+        assert row["requests"] == 48 and row["errors"] == 0
+        assert row["seconds"] > 0 and row["rps"] > 0
+        # The echo model answers with its prompt: the same tokens whichever way delivered.
+        assert row["completion_tokens"] == plain["completion_tokens"] > 48
+        assert row["latency_p50_ms"] >= 100  # a batch takes 100 ms
+        assert row["cpu_ms"]["api"] > 0 and row["cpu_ms"]["worker"] > 0
+    assert plain["ttft_p50_ms"] is None
+    # The fixed model emits its answer as one delta: one piece, after its batch.
+    assert stream["pieces_mean"] == 1 and stream["ttft_p50_ms"] >= 100
+    assert echo["rps_ratio"] == pytest.approx(stream["rps"] / plain["rps"], rel=0.01)
+    assert echo["tokens_ratio"] > 0 and echo["cpu_ratio"] > 0
+    assert echo["median_pair_rps_ratio"] == pytest.approx(echo["rps_ratio"], rel=1e-3)
+
+
+@pytest.mark.skipif(
+    not AIPERF.exists(), reason="the aiperf client's environment is not made (make bench-client)"
+)
+@pytest.mark.usefixtures("live_servers")
+def test_streaming_runs_the_outside_client_against_the_deployment(
+    run_id: str, tmp_path: Path
+) -> None:
+    doc = bench("streaming", run_id, tmp_path, "--stream-models", "echo-100ms:24")
+    client = doc["models"][0]["client"]
+    assert client["client"].startswith("aiperf") and client["requests"] == 24
+    assert client["errors"] == 0
+    assert 0 < client["ttft_p50_ms"] <= client["ttft_p99_ms"]
+    assert client["request_throughput"] > 0 and client["output_token_throughput"] > 0
 
 
 def test_drain_is_measured_per_slot_between_warm_up_and_the_last_full_batch() -> None:

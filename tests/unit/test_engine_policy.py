@@ -130,6 +130,21 @@ def test_the_prior_is_the_engines_measured_speed_and_learning_takes_over() -> No
     assert abs(cost.seconds(30, 100) - learned.batch_s(BatchShape(1, 30, 100))) < 1e-9
 
 
+def test_a_fit_that_cannot_tell_a_tokens_time_leaves_it_to_the_measured_speed() -> None:
+    prior = ProfiledSequenceTime(FixedBatchTime(3.0))
+    prior.set_profile(prefill_tokens_per_s=1000.0, decode_step_s=0.05)
+    learned = LearnedBatchTime(prior, min_observations=4)
+    # Every sequence asked for 32 tokens; the longer prompts took longer (they queued): the
+    # least-norm fit puts a negative intercept, and with it a negative time a token.
+    for prompt in (200, 400, 600, 800, 900):
+        learned.observe(BatchObservation(BatchShape(1, prompt, 32), -1.0 + 0.01 * prompt))
+    assert learned.coefficients is not None
+    assert learned.coefficients[2] + learned.coefficients[3] < 0
+    cost = SequenceCost.of(learned)
+    assert cost is not None and cost.per_token_s == 0.05
+    assert sequence_time_limit_s(cost.per_token_s * 32) == 61.6
+
+
 def test_a_sequences_time_limit_grows_with_what_it_asks_for() -> None:
     assert sequence_time_limit_s(1.0) == 61.0
     assert sequence_time_limit_s(100.0) == 400.0  # 500 tokens at 0.2 s: never cut short
