@@ -196,3 +196,35 @@ async def test_max_tokens_up_to_the_registry_limit_succeeds(
     result = (await wait_terminal(http, [request_id], timeout_s=600))[request_id]
     assert result["status"] == "succeeded", result
     assert result["usage"]["completion_tokens"] == 512 and result["attempts"] == 1
+
+
+async def test_vllm_answers_stream_token_by_token(
+    vllm_stack: Stack, http: httpx.AsyncClient
+) -> None:
+    """The vllm backend emits a delta per engine step: the OpenAI SDK's stream of a greedy
+    answer arrives in many pieces, and they add up to the same answer asked without a stream."""
+    from openai import AsyncOpenAI
+
+    question = QUESTIONS[4]
+    whole_id = await submit(http, chat(question, 32, ignore_eos=True))
+    whole = (await wait_terminal(http, [whole_id], timeout_s=120))[whole_id]
+    assert whole["status"] == "succeeded", whole
+
+    client = AsyncOpenAI(base_url=f"{vllm_stack.url}/v1", api_key=keys.key(), max_retries=0)
+    stream = await client.chat.completions.create(
+        model=VLLM,
+        messages=[{"role": "user", "content": question}],
+        max_tokens=32,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    pieces = [
+        chunk.choices[0].delta.content
+        async for chunk in stream
+        if chunk.choices and chunk.choices[0].delta.content
+    ]
+    await client.close()
+    assert len(pieces) >= 8  # 32 tokens: a piece per step, not the answer at the end
+    assert "".join(pieces) == whole["output"]["text"]
