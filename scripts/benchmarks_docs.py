@@ -70,7 +70,7 @@ PROFILES: list[tuple[str, list[str]]] = [
 
 def bench(args: list[str]) -> dict[str, Any]:
     env = {**LOCAL, **os.environ}
-    command = [sys.executable, "-m", "cli", "bench", *args, "--json"]
+    command = [sys.executable, "-m", "batchserve.cli", "bench", *args, "--json"]
     print("$ batchserve bench " + " ".join(args), file=sys.stderr, flush=True)
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:

@@ -25,7 +25,7 @@ def run(name: str, args: list[str]) -> dict[str, Any]:
     command = [
         sys.executable,
         "-m",
-        "cli",
+        "batchserve.cli",
         "simulate",
         "--scenario",
         "sweep",

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from cli.deployment import Stack
-from core.migrate import upgrade
-from core.settings import Settings
+from batchserve.core.migrate import upgrade
+from batchserve.core.settings import Settings
+from batchserve.testing.deployment import Stack
 from tests.support import keys, servers
 
 TEST_MODELS = Path(__file__).parent / "models.toml"
@@ -92,7 +92,7 @@ def settings(database_url: str, namespace: str) -> Settings:
 
 
 def registered_test_models() -> list[str]:
-    from models.registry import load_registry
+    from batchserve.models.registry import load_registry
 
     return load_registry(TEST_MODELS).names()
 
@@ -120,7 +120,7 @@ async def http(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture
 async def adapters(settings: Settings) -> AsyncIterator[object]:
-    from core.wiring import connect
+    from batchserve.core.wiring import connect
 
     connected = connect(settings, pool_size=4)
     try:

@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from cli.chaos import ChaosReport, audit
-from cli.deployment import Stack
-from cli.faults import start_postgres, start_rabbitmq, start_redis
+from batchserve.testing.chaos import ChaosReport, audit
+from batchserve.testing.deployment import Stack
+from batchserve.testing.faults import start_postgres, start_rabbitmq, start_redis
 from tests.conftest import registered_test_models, server_env
 from tests.support import keys
 from tests.support.live import db_rows
@@ -44,7 +44,7 @@ def stack(database_url: str, namespace: str, tmp_path: Path) -> Iterator[Stack]:
 
 
 def start_rabbitmq_if_down() -> None:
-    from cli.faults import port_open
+    from batchserve.testing.faults import port_open
 
     if not port_open(5672):
         start_rabbitmq()

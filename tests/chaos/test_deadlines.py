@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 
-from cli.deployment import Stack
+from batchserve.testing.deployment import Stack
 from tests.chaos.conftest import exactly_once, submit_many, wait_for_running_batch
 from tests.support.live import db_rows, wait_terminal
 

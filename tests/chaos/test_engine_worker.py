@@ -7,7 +7,7 @@ import time
 
 import httpx
 
-from cli.deployment import Stack
+from batchserve.testing.deployment import Stack
 from tests.chaos.conftest import exactly_once
 from tests.support.live import db_rows, wait_terminal
 from tests.support.streams import assembled, sse_events

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from cli.deployment import Stack
+from batchserve.testing.deployment import Stack
 from tests.chaos.conftest import exactly_once, submit_many
 from tests.support.live import db_rows, wait_terminal
 

@@ -16,7 +16,7 @@ import aiohttp
 import httpx
 import pytest
 
-from cli.deployment import Stack, free_port
+from batchserve.testing.deployment import Stack, free_port
 from tests.chaos.conftest import exactly_once
 from tests.conftest import registered_test_models
 from tests.support import keys

@@ -7,8 +7,9 @@ import time
 
 import httpx
 
-from cli.deployment import Stack
-from cli.faults import (
+from batchserve.bench.loadgen import open_loop, poisson_schedule
+from batchserve.testing.deployment import Stack
+from batchserve.testing.faults import (
     restart_rabbitmq,
     restart_redis,
     start_postgres,
@@ -16,7 +17,6 @@ from cli.faults import (
     stop_postgres,
     stop_redis,
 )
-from cli.loadgen import open_loop, poisson_schedule
 from tests.chaos.conftest import exactly_once
 from tests.support import keys
 from tests.support.live import wait_terminal

@@ -9,8 +9,8 @@ import time
 
 import httpx
 
-from cli.deployment import Stack
-from cli.faults import freeze
+from batchserve.testing.deployment import Stack
+from batchserve.testing.faults import freeze
 from tests.chaos.conftest import exactly_once, submit_many, wait_for_running_batch
 from tests.support.live import db_rows, wait_terminal
 

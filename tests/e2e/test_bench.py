@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from cli.bench_client import AIPERF
-from cli.bench_drain import _BatchRow, drain_figures
-from cli.deployment import ROOT
+from batchserve.bench.client import AIPERF
+from batchserve.bench.drain import _BatchRow, drain_figures
+from batchserve.testing.deployment import ROOT
 from tests.support import servers
 
 TINY = {
@@ -38,7 +38,7 @@ def bench(scenario: str, run_id: str, tmp_path: Path, *extra: str) -> dict[str, 
     command = [
         sys.executable,
         "-m",
-        "cli",
+        "batchserve.cli",
         "bench",
         "--scenario",
         scenario,

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cli.deployment import ROOT, free_port
+from batchserve.testing.deployment import ROOT, free_port
 from tests.e2e.test_contract import embedded_service
 
 
@@ -18,7 +18,7 @@ def _cli(home: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[st
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHSERVE_")}
     env.update(BATCHSERVE_HOME=str(home), BATCHSERVE_MODELS=str(home / "models.toml"), **extra)
     return subprocess.run(
-        [sys.executable, "-m", "cli", *args],
+        [sys.executable, "-m", "batchserve.cli", *args],
         env=env,
         cwd=ROOT,
         capture_output=True,

@@ -25,8 +25,8 @@ from typing import Any
 import httpx
 import pytest
 
-from cli.deployment import ROOT, Stack, free_port
-from cli.keys import create_key_blocking
+from batchserve.cli.keys import create_key_blocking
+from batchserve.testing.deployment import ROOT, Stack, free_port
 from tests.conftest import server_env
 from tests.support import servers
 
@@ -74,7 +74,16 @@ def embedded_service(home: Path) -> Iterator[Service]:
     url = f"http://127.0.0.1:{port}"
     log = open(home / "serve.log", "ab")  # noqa: SIM115 - the child owns it
     process = subprocess.Popen(
-        [sys.executable, "-m", "cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "batchserve.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
         env=env,
         cwd=ROOT,
         stdout=log,

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from cli.deployment import Stack
-from cli.loadgen import open_loop, poisson_schedule
+from batchserve.bench.loadgen import open_loop, poisson_schedule
+from batchserve.testing.deployment import Stack
 from tests.support import browser, keys
 from tests.support.live import wait_terminal
 

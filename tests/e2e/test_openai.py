@@ -11,7 +11,7 @@ import pytest
 from openai import OpenAI
 from openai.types import Batch
 
-from cli.deployment import Stack
+from batchserve.testing.deployment import Stack
 from tests.support import keys
 
 ECHO = "echo-100ms"

@@ -18,8 +18,8 @@ import pytest
 from cryptography.fernet import Fernet
 from prometheus_client.parser import text_string_to_metric_families
 
-from cli.deployment import ROOT, Stack, free_port
-from cli.loadgen import open_loop, poisson_schedule
+from batchserve.bench.loadgen import open_loop, poisson_schedule
+from batchserve.testing.deployment import ROOT, Stack, free_port
 from tests.support import keys
 from tests.support.live import wait_terminal
 from tests.support.webhook_receiver import Receiver
@@ -239,7 +239,7 @@ async def test_json_logs_let_one_grep_follow_a_request_across_processes(
 
 def run_status(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "cli", "status", "--url", stack.url, *args],
+        [sys.executable, "-m", "batchserve.cli", "status", "--url", stack.url, *args],
         capture_output=True,
         text=True,
         cwd=ROOT,

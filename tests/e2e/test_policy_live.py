@@ -11,13 +11,13 @@ from datetime import datetime
 import httpx
 import pytest
 
-from batching.batcher import policy_config
-from batching.estimate import FixedBatchTime
-from batching.simulator import Arrival, simulate
-from cli.deployment import Stack
-from cli.loadgen import open_loop, poisson_schedule
-from core.loadboard import RedisLoadBoard
-from models.registry import load_registry
+from batchserve.batching.batcher import policy_config
+from batchserve.batching.estimate import FixedBatchTime
+from batchserve.batching.simulator import Arrival, simulate
+from batchserve.bench.loadgen import open_loop, poisson_schedule
+from batchserve.core.loadboard import RedisLoadBoard
+from batchserve.models.registry import load_registry
+from batchserve.testing.deployment import Stack
 from tests.conftest import TEST_MODELS
 from tests.support import keys
 from tests.support.live import db_rows, wait_terminal

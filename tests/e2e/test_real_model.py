@@ -10,8 +10,8 @@ from datetime import datetime
 import httpx
 from typer.testing import CliRunner
 
-from cli.deployment import Stack
-from cli.main import app
+from batchserve.cli.main import app
+from batchserve.testing.deployment import Stack
 from tests.support.live import db_rows, wait_terminal
 
 SMOL = "smollm2-135m"

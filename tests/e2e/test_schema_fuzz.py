@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cli.deployment import Stack
+from batchserve.testing.deployment import Stack
 from tests.support import keys
 
 ECHO = "echo-100ms"

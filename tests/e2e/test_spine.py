@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from cli.deployment import Stack
-from models.registry import load_registry
+from batchserve.models.registry import load_registry
+from batchserve.testing.deployment import Stack
 from tests.conftest import TEST_MODELS
 from tests.support.live import db_rows, wait_terminal
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from cli.deployment import Stack, free_port
+from batchserve.testing.deployment import Stack, free_port
 from tests.e2e.test_contract import ECHO, SLOW, Service, service_of
 from tests.support.streams import Event, assembled, sse_events
 

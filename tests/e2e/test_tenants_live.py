@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 
-from cli.deployment import Stack
-from cli.loadgen import LoadResult, open_loop, poisson_schedule
+from batchserve.bench.loadgen import LoadResult, open_loop, poisson_schedule
+from batchserve.testing.deployment import Stack
 from tests.support.live import db_rows, wait_terminal
 
 B8 = "echo-b8"  # one slot: 80 requests/s

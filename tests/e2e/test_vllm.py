@@ -16,10 +16,10 @@ import httpx
 import pytest
 import torch
 
-from cli.deployment import ROOT, Stack
-from models.engine import SequenceRequest
-from models.registry import load_registry
-from models.transformers_engine import TransformersEngine
+from batchserve.models.engine import SequenceRequest
+from batchserve.models.registry import load_registry
+from batchserve.models.transformers_engine import TransformersEngine
+from batchserve.testing.deployment import ROOT, Stack
 from tests.conftest import TEST_MODELS, registered_test_models, server_env
 from tests.support import keys, servers
 from tests.support.live import db_rows, wait_terminal

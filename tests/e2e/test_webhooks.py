@@ -14,7 +14,7 @@ import pytest
 from cryptography.fernet import Fernet
 from standardwebhooks import Webhook
 
-from cli.deployment import Stack
+from batchserve.testing.deployment import Stack
 from tests.support import keys
 from tests.support.webhook_receiver import Receiver, Reply
 

@@ -13,9 +13,9 @@ import psycopg
 import pytest
 from fastapi import FastAPI
 
-from api.main import create_app
-from core.settings import Settings
-from core.store import JobStore, advisory_key
+from batchserve.api.main import create_app
+from batchserve.core.settings import Settings
+from batchserve.core.store import JobStore, advisory_key
 from tests.support import keys
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from core.broker import BULK_PACK, Delivery, RabbitRequestQueue, pack_prefetch
-from core.domain import Lane, QueueMessage
-from core.ids import uuid7
-from core.settings import Settings
+from batchserve.core.broker import BULK_PACK, Delivery, RabbitRequestQueue, pack_prefetch
+from batchserve.core.domain import Lane, QueueMessage
+from batchserve.core.ids import uuid7
+from batchserve.core.settings import Settings
 from tests.integration.test_graceful import until
 
 ECHO = "echo-100ms"

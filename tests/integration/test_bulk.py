@@ -16,17 +16,17 @@ import orjson
 import pytest
 from fastapi import FastAPI
 
-from api.batch_input import ValidatedFile, validate_file
-from api.main import create_app
-from core.broker import Handler, RequestQueue
-from core.bulk import JOB_PREFIX, parse_public_id
-from core.domain import ItemResult, Lane, QueueMessage, Timings, from_epoch
-from core.errors import Unavailable
-from core.ids import job_request_id
-from core.settings import Settings
-from core.store import ItemOutcome, JobStore
+from batchserve.api.batch_input import ValidatedFile, validate_file
+from batchserve.api.main import create_app
+from batchserve.core.broker import Handler, RequestQueue
+from batchserve.core.bulk import JOB_PREFIX, parse_public_id
+from batchserve.core.domain import ItemResult, Lane, QueueMessage, Timings, from_epoch
+from batchserve.core.errors import Unavailable
+from batchserve.core.ids import job_request_id
+from batchserve.core.settings import Settings
+from batchserve.core.store import ItemOutcome, JobStore
+from batchserve.workers.jobs import JobDriver, JobDriverConfig
 from tests.support import keys
-from workers.jobs import JobDriver, JobDriverConfig
 
 CHAT = "/v1/chat/completions"
 

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import orjson
 
-from core.broker import MemoryRequestQueue
-from core.bulk import Endpoint, FilePurpose, JobStatus, NewJob
-from core.db import create_engine
-from core.domain import ItemResult, Lane, Timings, from_epoch
-from core.migrate import upgrade
-from core.settings import Settings
-from core.store import ItemOutcome, JobStore
-from models.registry import load_registry
+from batchserve.core.broker import MemoryRequestQueue
+from batchserve.core.bulk import Endpoint, FilePurpose, JobStatus, NewJob
+from batchserve.core.db import create_engine
+from batchserve.core.domain import ItemResult, Lane, Timings, from_epoch
+from batchserve.core.migrate import upgrade
+from batchserve.core.settings import Settings
+from batchserve.core.store import ItemOutcome, JobStore
+from batchserve.models.registry import load_registry
+from batchserve.workers.jobs import JobDriver, JobDriverConfig
 from tests.conftest import TEST_MODELS
-from workers.jobs import JobDriver, JobDriverConfig
 
 
 async def test_a_job_ingests_runs_and_completes_on_sqlite(tmp_path: Path) -> None:

@@ -11,12 +11,12 @@ from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 from typer.testing import CliRunner
 
-from cli.main import app
-from core.db import create_engine
-from core.domain import from_epoch
-from core.settings import Settings
-from core.slots import SlotRegistration
-from core.tables import batches_table, requests_table
+from batchserve.cli.main import app
+from batchserve.core.db import create_engine
+from batchserve.core.domain import from_epoch
+from batchserve.core.settings import Settings
+from batchserve.core.slots import SlotRegistration
+from batchserve.core.tables import batches_table, requests_table
 from tests.conftest import TEST_MODELS
 
 

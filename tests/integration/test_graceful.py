@@ -7,14 +7,14 @@ import asyncio
 import time
 from datetime import timedelta
 
-from api.admission import Admitter
-from batching.batcher import ModelBatcher
-from core.broker import Delivery, RabbitRequestQueue
-from core.domain import BatchMessage, Lane, QueueMessage, SubmitCommand, utcnow
-from core.ids import uuid7
-from core.settings import Settings
-from core.store import Admission
-from core.wiring import Adapters
+from batchserve.api.admission import Admitter
+from batchserve.batching.batcher import ModelBatcher
+from batchserve.core.broker import Delivery, RabbitRequestQueue
+from batchserve.core.domain import BatchMessage, Lane, QueueMessage, SubmitCommand, utcnow
+from batchserve.core.ids import uuid7
+from batchserve.core.settings import Settings
+from batchserve.core.store import Admission
+from batchserve.core.wiring import Adapters
 
 ECHO = "echo-100ms"
 

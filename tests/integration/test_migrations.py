@@ -9,8 +9,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine
 
-from core.migrate import current, sync_url, upgrade
-from core.tables import Base
+from batchserve.core.migrate import current, sync_url, upgrade
+from batchserve.core.tables import Base
 
 
 @pytest.mark.parametrize("backend", ["postgres", "sqlite"])

@@ -11,8 +11,8 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.main import create_app
-from core.settings import Settings
+from batchserve.api.main import create_app
+from batchserve.core.settings import Settings
 from tests.support import keys
 
 

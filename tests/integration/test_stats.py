@@ -7,9 +7,9 @@ import time
 
 from prometheus_client import REGISTRY
 
-from core.domain import BatchOutcome
-from core.store import BatchStart, JobStore
-from core.store.stats import StatsReader
+from batchserve.core.domain import BatchOutcome
+from batchserve.core.store import BatchStart, JobStore
+from batchserve.core.store.stats import StatsReader
 from tests.integration.test_store import claim, command, ok, store, submit
 
 __all__ = ["store"]  # the fixture, parametrized over both databases

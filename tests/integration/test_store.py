@@ -12,12 +12,20 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from core.db import create_engine
-from core.domain import BatchOutcome, ItemResult, Lane, RequestState, SubmitCommand, Timings, utcnow
-from core.errors import IdempotencyConflict, IdempotencyInProgress, InvalidTransition
-from core.ids import uuid7
-from core.migrate import upgrade
-from core.store import Admission, ItemOutcome, JobStore, Reaped, advisory_key
+from batchserve.core.db import create_engine
+from batchserve.core.domain import (
+    BatchOutcome,
+    ItemResult,
+    Lane,
+    RequestState,
+    SubmitCommand,
+    Timings,
+    utcnow,
+)
+from batchserve.core.errors import IdempotencyConflict, IdempotencyInProgress, InvalidTransition
+from batchserve.core.ids import uuid7
+from batchserve.core.migrate import upgrade
+from batchserve.core.store import Admission, ItemOutcome, JobStore, Reaped, advisory_key
 
 S = RequestState
 TIMINGS = Timings(1.0, 1.0, 100.0, 102.0)
@@ -263,7 +271,7 @@ async def test_groups_marked_published_together_keep_their_own_times(store: JobS
     await store.mark_published_groups([([first], 3_000_000.0)])  # marked already: kept
     from sqlalchemy import select
 
-    from core.tables import requests_table
+    from batchserve.core.tables import requests_table
 
     async with store.engine.connect() as conn:
         rows = await conn.execute(select(requests_table.c.id, requests_table.c.published_at))
@@ -288,7 +296,7 @@ async def test_marking_published_skips_a_row_another_transaction_holds(database_
 async def terminal_events(store: JobStore) -> dict[str, list[str]]:
     from sqlalchemy import select
 
-    from core.tables import events_table
+    from batchserve.core.tables import events_table
 
     async with store.engine.connect() as conn:
         rows = (await conn.execute(select(events_table.c.request_id, events_table.c.state))).all()

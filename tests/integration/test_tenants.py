@@ -19,17 +19,17 @@ from fastapi import FastAPI
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
-from api.main import create_app
-from cli.keys import first_key, make_key
-from cli.main import app as cli_app
-from core import apikeys
-from core.db import create_engine
-from core.loadboard import LoadSnapshot
-from core.migrate import upgrade
-from core.settings import Settings
-from core.store import JobStore
+from batchserve.api.main import create_app
+from batchserve.cli.keys import first_key, make_key
+from batchserve.cli.main import app as cli_app
+from batchserve.core import apikeys
+from batchserve.core.db import create_engine
+from batchserve.core.loadboard import LoadSnapshot
+from batchserve.core.migrate import upgrade
+from batchserve.core.settings import Settings
+from batchserve.core.store import JobStore
+from batchserve.workers.jobs import JobDriver, JobDriverConfig
 from tests.support import keys
-from workers.jobs import JobDriver, JobDriverConfig
 
 ECHO = "echo-100ms"
 CHAT = "/v1/chat/completions"

@@ -10,10 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 import redis
 
-from api.streams import Assembler
-from cli.deployment import free_port
-from core.domain import RequestState, StateChange
-from core.tokenlog import (
+from batchserve.api.streams import Assembler
+from batchserve.core.domain import RequestState, StateChange
+from batchserve.core.tokenlog import (
     START,
     LogEntry,
     MemoryTokenLog,
@@ -22,6 +21,7 @@ from core.tokenlog import (
     TokenLogConfig,
     entry_key,
 )
+from batchserve.testing.deployment import free_port
 from tests.support import servers
 from tests.support.stepped import Clock
 

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import torch
 
-from models.engine import SequenceRequest, SequenceUpdate
-from models.hf import ensure_converted
-from models.registry import ModelSpec, load_registry
-from models.scheduling import prefill_chunks
-from models.transformers_engine import TransformersEngine
+from batchserve.models.engine import SequenceRequest, SequenceUpdate
+from batchserve.models.hf import ensure_converted
+from batchserve.models.registry import ModelSpec, load_registry
+from batchserve.models.scheduling import prefill_chunks
+from batchserve.models.transformers_engine import TransformersEngine
 
 QUESTIONS = [
     "Hi!",

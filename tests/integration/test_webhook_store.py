@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from core.db import create_engine
-from core.domain import DeliveryStatus, ItemResult, Lane, SubmitCommand, Timings, utcnow
-from core.ids import uuid7
-from core.migrate import upgrade
-from core.store import Admission, BatchStart, ItemOutcome, JobStore
-from core.tables import deliveries_table
-from core.webhook_policy import AttemptOutcome, RetryDecision, Verdict
+from batchserve.core.db import create_engine
+from batchserve.core.domain import DeliveryStatus, ItemResult, Lane, SubmitCommand, Timings, utcnow
+from batchserve.core.ids import uuid7
+from batchserve.core.migrate import upgrade
+from batchserve.core.store import Admission, BatchStart, ItemOutcome, JobStore
+from batchserve.core.tables import deliveries_table
+from batchserve.core.webhook_policy import AttemptOutcome, RetryDecision, Verdict
 
 URL = "https://hooks.example.com/batchserve"
 TENANT = "t1"

@@ -24,19 +24,19 @@ from sqlalchemy import select
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from api.main import create_app
-from core.domain import ItemResult, Timings
-from core.ids import uuid7
-from core.settings import Settings
-from core.ssrf import Allowlist, IPAddress, UrlGuard
-from core.store import BatchStart, ItemOutcome, JobStore
-from core.tables import secrets_table
+from batchserve.api.main import create_app
+from batchserve.core.domain import ItemResult, Timings
+from batchserve.core.ids import uuid7
+from batchserve.core.settings import Settings
+from batchserve.core.ssrf import Allowlist, IPAddress, UrlGuard
+from batchserve.core.store import BatchStart, ItemOutcome, JobStore
+from batchserve.core.tables import secrets_table
+from batchserve.workers.webhooks.delivery import create_deliverer
+from batchserve.workers.webhooks.relay import InProcessSenders, Relay
+from batchserve.workers.webhooks.sender import WebhookSender
 from tests.support import keys
 from tests.support.tls import self_signed
 from tests.support.webhook_receiver import Received, Receiver, Reply
-from workers.webhooks.delivery import create_deliverer
-from workers.webhooks.relay import InProcessSenders, Relay
-from workers.webhooks.sender import WebhookSender
 
 SERVER_KEY = Fernet.generate_key().decode()
 GRACE_S = 120.0

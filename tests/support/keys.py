@@ -3,7 +3,7 @@ test database has them), handed to clients as ``Authorization`` headers."""
 
 from __future__ import annotations
 
-from core import apikeys
+from batchserve.core import apikeys
 
 # Tenants every test database knows; tests that need quotas make their own with Stack.make_key.
 TENANTS = ("tests", "alice", "bob", "someone-else")
@@ -22,8 +22,8 @@ def install(database_url: str) -> None:
     """Store every test key (its hash) in a migrated database."""
     import time
 
-    from cli.keys import with_store
-    from core.store import JobStore
+    from batchserve.cli.keys import with_store
+    from batchserve.core.store import JobStore
 
     async def job(store: JobStore) -> None:
         for tenant, made in KEYS.items():

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 from sqlalchemy import create_engine, text
 
-from cli.deployment import Stack
+from batchserve.testing.deployment import Stack
 
 TERMINAL = {"succeeded", "failed", "cancelled", "expired"}
 

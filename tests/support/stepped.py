@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from core.db import create_engine
-from core.domain import Lane, SubmitCommand, from_epoch
-from core.ids import uuid7
-from core.migrate import upgrade
-from core.store import Admission, JobStore, OnChange
-from models.engine import (
+from batchserve.core.db import create_engine
+from batchserve.core.domain import Lane, SubmitCommand, from_epoch
+from batchserve.core.ids import uuid7
+from batchserve.core.migrate import upgrade
+from batchserve.core.store import Admission, JobStore, OnChange
+from batchserve.models.engine import (
     Engine,
     EngineCapacity,
     EngineHealth,
@@ -27,7 +27,7 @@ from models.engine import (
     SequenceRequest,
     SequenceUpdate,
 )
-from models.textstream import TextStream
+from batchserve.models.textstream import TextStream
 
 
 @dataclass

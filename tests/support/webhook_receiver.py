@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from cli.deployment import free_port
+from batchserve.testing.deployment import free_port
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ import time
 import uuid
 from pathlib import Path
 
-from batching.batcher import BatcherConfig, ModelBatcher
-from batching.estimate import BatchShape, FixedBatchTime, LearnedBatchTime
-from core.broker import Delivery, MemoryRequestQueue
-from core.domain import (
+from batchserve.batching.batcher import BatcherConfig, ModelBatcher
+from batchserve.batching.estimate import BatchShape, FixedBatchTime, LearnedBatchTime
+from batchserve.core.broker import Delivery, MemoryRequestQueue
+from batchserve.core.domain import (
     BatchClosed,
     BatchMessage,
     BatchOutcome,
@@ -25,11 +25,11 @@ from core.domain import (
     SequencesFreed,
     Timings,
 )
-from core.events import MemoryEventBus
-from core.loadboard import MemoryLoadBoard
-from core.slots import MemorySlotDirectory
-from core.store import ItemOutcome, JobStore
-from models.registry import ModelSpec
+from batchserve.core.events import MemoryEventBus
+from batchserve.core.loadboard import MemoryLoadBoard
+from batchserve.core.slots import MemorySlotDirectory
+from batchserve.core.store import ItemOutcome, JobStore
+from batchserve.models.registry import ModelSpec
 from tests.support.stepped import Clock, sqlite_store, submit
 
 ENGINE = ModelSpec(name="engine", backend="transformers", max_batch_size=8)

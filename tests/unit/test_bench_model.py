@@ -7,7 +7,7 @@ import asyncio
 import httpx
 import pytest
 
-from cli import bench_model
+from batchserve.bench import model as bench_model
 
 
 async def test_a_refused_submit_waits_as_told_and_tries_again(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.bench_client import (
+from batchserve.bench.client import (
     AIPERF,
     TOKENIZER_REPO,
     ClientRun,
@@ -17,7 +17,7 @@ from cli.bench_client import (
     local_hub_cache,
     parse_summary,
 )
-from cli.bench_streaming import (
+from batchserve.bench.streaming import (
     PLAIN,
     STREAM,
     Answer,
@@ -29,8 +29,8 @@ from cli.bench_streaming import (
     parse_workloads,
     summarise,
 )
-from cli.bench_streaming_run import registry_toml
-from models.registry import load_registry, parse_registry
+from batchserve.bench.streaming_run import registry_toml
+from batchserve.models.registry import load_registry, parse_registry
 
 
 def test_rounds_alternate_so_a_linear_drift_weighs_on_both_variants_alike() -> None:

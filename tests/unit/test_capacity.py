@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from batching.capacity import plan_capacity
+from batchserve.batching.capacity import plan_capacity
 
 
 def test_seed_example_full_batches() -> None:

@@ -11,9 +11,9 @@ import pytest
 import typer.main
 import yaml
 
-from cli.main import app
-from core.settings import Settings
-from models.registry import load_registry
+from batchserve.cli.main import app
+from batchserve.core.settings import Settings
+from batchserve.models.registry import load_registry
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from batching.admission import estimate_engine_finish
-from batching.estimate import (
+from batchserve.batching.admission import estimate_engine_finish
+from batchserve.batching.estimate import (
     BatchObservation,
     BatchShape,
     FixedBatchTime,
@@ -14,11 +14,11 @@ from batching.estimate import (
     SequenceCost,
     sequence_time_limit_s,
 )
-from batching.ledger import Credit, EngineLedger
-from batching.policy import Load, Pending, PolicyConfig, decide_engine
-from core.domain import Lane
-from models.engine import EngineCapacity, EngineProfile
-from models.textstream import TextStream
+from batchserve.batching.ledger import Credit, EngineLedger
+from batchserve.batching.policy import Load, Pending, PolicyConfig, decide_engine
+from batchserve.core.domain import Lane
+from batchserve.models.engine import EngineCapacity, EngineProfile
+from batchserve.models.textstream import TextStream
 
 CONFIG = PolicyConfig(kind="adaptive", max_batch_size=4)
 

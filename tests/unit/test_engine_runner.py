@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from api.streams import Assembler
-from core.broker import MemoryRequestQueue
-from core.domain import BatchItem, BatchMessage, BatchOutcome, Event, SequencesFreed
-from core.events import MemoryEventBus
-from core.ids import uuid7
-from core.store import JobStore
-from core.tokenlog import LogEntry, MemoryTokenLog
-from core.wiring import store_hook
+from batchserve.api.streams import Assembler
+from batchserve.core.broker import MemoryRequestQueue
+from batchserve.core.domain import BatchItem, BatchMessage, BatchOutcome, Event, SequencesFreed
+from batchserve.core.events import MemoryEventBus
+from batchserve.core.ids import uuid7
+from batchserve.core.store import JobStore
+from batchserve.core.tokenlog import LogEntry, MemoryTokenLog
+from batchserve.core.wiring import store_hook
+from batchserve.workers.engine_runner import EngineRunner, EngineRunnerConfig
 from tests.support.stepped import Clock, ScriptedEngine, sqlite_store, submit
-from workers.engine_runner import EngineRunner, EngineRunnerConfig
 
 MODEL = "engine"
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from batching.estimate import (
+from batchserve.batching.estimate import (
     BatchObservation,
     BatchShape,
     FixedBatchTime,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from core.domain import BatchClosed, Event, JobChanged, RequestState, StateChange
-from core.events import JOBS, REQUESTS, MemoryEventBus
+from batchserve.core.domain import BatchClosed, Event, JobChanged, RequestState, StateChange
+from batchserve.core.events import JOBS, REQUESTS, MemoryEventBus
 
 
 async def test_each_subscriber_hears_only_its_topics() -> None:

@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from workers.gate import SlotGate
+from batchserve.workers.gate import SlotGate
 
 ctx = multiprocessing.get_context("fork")
 

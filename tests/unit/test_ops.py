@@ -9,10 +9,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.ops import STEP_S, ClusterCollector, OpsView, percentile
-from core.slots import MemorySlotDirectory
-from core.store.stats import FinishedRequest, QueueDepth, RecentBatch
-from models.registry import ModelSpec, Registry
+from batchserve.core.ops import STEP_S, ClusterCollector, OpsView, percentile
+from batchserve.core.slots import MemorySlotDirectory
+from batchserve.core.store.stats import FinishedRequest, QueueDepth, RecentBatch
+from batchserve.models.registry import ModelSpec, Registry
 
 NOW = 1_800_000_000.0
 ECHO = ModelSpec(name="echo-100ms", backend="fixed", max_batch_size=32, batch_time_ms=100.0)

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from batching.estimate import FixedBatchTime
-from batching.policy import Load, Pending, PolicyConfig, decide
-from core.domain import Lane
+from batchserve.batching.estimate import FixedBatchTime
+from batchserve.batching.policy import Load, Pending, PolicyConfig, decide
+from batchserve.core.domain import Lane
 
 T = FixedBatchTime(0.100)
 SEED = PolicyConfig(kind="timer", max_batch_size=4, max_batch_delay_s=0.010)
@@ -123,7 +123,7 @@ def test_greedy_sends_whatever_waits_and_size_only_waits_to_be_full() -> None:
 
 def test_policy_modules_import_no_io_libraries() -> None:
     code = (
-        "import sys, batching.policy, batching.estimate\n"
+        "import sys, batchserve.batching.policy, batchserve.batching.estimate\n"
         "bad = [m for m in ('sqlalchemy','kombu','celery','redis','torch','aio_pika','httpx')"
         " if m in sys.modules]\n"
         "assert not bad, bad\n"

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from batching.rate import RateMeter
+from batchserve.batching.rate import RateMeter
 
 
 def poisson_times(rate: float, start: float, end: float, rng: random.Random) -> list[float]:

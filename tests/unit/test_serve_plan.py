@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cli.supervisor import plan_children
+from batchserve.cli.supervisor import plan_children
 
 
 def test_each_role_but_the_api_gets_an_exporter_port_of_its_own() -> None:

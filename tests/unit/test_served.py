@@ -1,4 +1,4 @@
-"""What ``serve`` chose is what the user's next commands open (cli/served.py)."""
+"""What ``serve`` chose is what the user's next commands open (batchserve/cli/served.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import httpx
 import pytest
 import typer
 
-from cli.served import admin_settings, client_url, reaching, read_served, write_served
-from core.settings import Settings
+from batchserve.cli.served import admin_settings, client_url, reaching, read_served, write_served
+from batchserve.core.settings import Settings
 
 SERVERS = {
     "BATCHSERVE_DATABASE_URL": "postgresql+psycopg://app:s3cret@db.internal:5432/prod",
@@ -105,7 +105,7 @@ def test_a_database_that_cannot_be_opened_is_one_line(
 ) -> None:
     from typer.testing import CliRunner
 
-    from cli.main import app
+    from batchserve.cli.main import app
 
     monkeypatch.setenv("BATCHSERVE_DATABASE_URL", f"sqlite:///{home}/no/such/dir/x.sqlite3")
     monkeypatch.setenv("BATCHSERVE_BROKER_URL", "amqp://guest:guest@127.0.0.1:1//")

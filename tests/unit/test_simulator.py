@@ -8,11 +8,11 @@ import math
 
 from typer.testing import CliRunner
 
-from batching.estimate import FixedBatchTime
-from batching.policy import PolicyConfig
-from batching.scenarios import adaptive_verdict, seed_exercises, sweep
-from batching.simulator import Arrival, SimResult, simulate
-from cli.main import app
+from batchserve.batching.estimate import FixedBatchTime
+from batchserve.batching.policy import PolicyConfig
+from batchserve.batching.scenarios import adaptive_verdict, seed_exercises, sweep
+from batchserve.batching.simulator import Arrival, SimResult, simulate
+from batchserve.cli.main import app
 
 LOADS = [0.1, 0.3, 0.5, 0.7, 0.85, 0.95]
 POLICIES = ["size-only", "timer:10", "timer:25", "timer:50", "greedy", "adaptive"]

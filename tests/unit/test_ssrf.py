@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from core.errors import UnsafeWebhookUrl
-from core.ssrf import (
+from batchserve.core.errors import UnsafeWebhookUrl
+from batchserve.core.ssrf import (
     Allowlist,
     IPAddress,
     ResolutionFailed,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from core.domain import Lane, SubmitCommand
-from core.records import command_row
-from core.store.requests import _UNNEST_INSERT_COLUMNS
+from batchserve.core.domain import Lane, SubmitCommand
+from batchserve.core.records import command_row
+from batchserve.core.store.requests import _UNNEST_INSERT_COLUMNS
 
 
 def test_admission_insert_writes_every_column_of_a_command_row() -> None:

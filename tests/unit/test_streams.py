@@ -10,15 +10,15 @@ from typing import Any, cast
 
 import pytest
 
-from api.openai_stream import Diverged, next_piece
-from api.services import ApiServices
-from api.streams import EventId, StreamEvent, follow, parse_event_id
-from cli.deployment import free_port
-from core.domain import BatchOutcome, ItemResult, RequestRecord, Timings
-from core.errors import InvalidInput
-from core.ids import uuid7
-from core.store import BatchStart, ItemOutcome, JobStore
-from core.tokenlog import LogEntry, MemoryTokenLog, RedisTokenLog
+from batchserve.api.openai_stream import Diverged, next_piece
+from batchserve.api.services import ApiServices
+from batchserve.api.streams import EventId, StreamEvent, follow, parse_event_id
+from batchserve.core.domain import BatchOutcome, ItemResult, RequestRecord, Timings
+from batchserve.core.errors import InvalidInput
+from batchserve.core.ids import uuid7
+from batchserve.core.store import BatchStart, ItemOutcome, JobStore
+from batchserve.core.tokenlog import LogEntry, MemoryTokenLog, RedisTokenLog
+from batchserve.testing.deployment import free_port
 from tests.support.stepped import Clock, sqlite_store, submit
 from tests.support.streams import assembled
 

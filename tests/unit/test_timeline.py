@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from batching.timeline import SlotTimeline
+from batchserve.batching.timeline import SlotTimeline
 
 
 def ids(n: int) -> list[uuid.UUID]:

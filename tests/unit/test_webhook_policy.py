@@ -7,7 +7,7 @@ from email.utils import format_datetime
 
 import pytest
 
-from core.webhook_policy import (
+from batchserve.core.webhook_policy import (
     AttemptOutcome,
     RetryDecision,
     RetryPolicy,

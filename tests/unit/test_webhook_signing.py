@@ -14,9 +14,9 @@ from pydantic import SecretStr
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from core.secretbox import SecretBox, SecretUnreadable, development_key
-from core.settings import Settings
-from core.signing import USER_AGENT, generate_secret, sign, webhook_headers
+from batchserve.core.secretbox import SecretBox, SecretUnreadable, development_key
+from batchserve.core.settings import Settings
+from batchserve.core.signing import USER_AGENT, generate_secret, sign, webhook_headers
 
 # The vector the Standard Webhooks reference libraries test against.
 VECTOR_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

@@ -1,0 +1,1 @@
+"""batchserve: a durable, batched LLM inference service."""

@@ -1,0 +1,65 @@
+"""Who is calling: the API key in ``Authorization: Bearer``, checked against its stored hash.
+
+Lookups are cached for ``key_cache_s`` (a revoked key stops working within that time), so a
+busy API checks each key against the database a few times a minute, not per request. Unknown
+key ids are cached too, so a flood of made-up keys costs no database round trips either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+
+from batchserve.core import apikeys
+from batchserve.core.errors import Unauthorized
+from batchserve.core.store import JobStore, KeyRow, TenantRow
+
+ANONYMOUS = TenantRow(name="anonymous")
+CACHE_SIZE = 10_000
+
+
+class KeyRing:
+    def __init__(self, store: JobStore, *, required: bool, cache_s: float) -> None:
+        self._store = store
+        self._required = required
+        self._cache_s = cache_s
+        self._cache: OrderedDict[str, tuple[float, KeyRow | None]] = OrderedDict()
+        self._inflight: dict[str, asyncio.Future[KeyRow | None]] = {}
+
+    async def authenticate(self, authorization: str | None) -> TenantRow:
+        """The caller's tenant, or :class:`Unauthorized`. Never logs the key."""
+        if not self._required:
+            return ANONYMOUS
+        scheme, _, presented = (authorization or "").partition(" ")
+        presented = presented.strip()
+        if scheme.lower() != "bearer" or not presented:
+            raise Unauthorized("send an API key: `Authorization: Bearer bsk_...`")
+        key_id = apikeys.key_id_of(presented)
+        row = await self._lookup(key_id) if key_id else None
+        # Compare even when there is no row, so timing doesn't tell a bad id from a bad secret.
+        stored = row.key_sha256 if row is not None else "0" * 64
+        if not apikeys.matches(presented, stored) or row is None or row.revoked_at is not None:
+            raise Unauthorized("the API key is not valid (unknown, malformed or revoked)")
+        return row.tenant
+
+    async def _lookup(self, key_id: str) -> KeyRow | None:
+        now = time.monotonic()
+        hit = self._cache.get(key_id)
+        if hit is not None and now - hit[0] < self._cache_s:
+            return hit[1]
+        # One lookup per key at a time: a burst on an expired entry waits for the same query.
+        inflight = self._inflight.get(key_id)
+        if inflight is not None:
+            return await asyncio.shield(inflight)
+        task = asyncio.ensure_future(self._store.find_key(key_id))
+        self._inflight[key_id] = task
+        try:
+            row = await asyncio.shield(task)
+        finally:
+            self._inflight.pop(key_id, None)
+        self._cache[key_id] = (now, row)
+        self._cache.move_to_end(key_id)
+        while len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
+        return row

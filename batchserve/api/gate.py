@@ -1,0 +1,37 @@
+"""One door for every single submit (native and OpenAI routes): quotas, backlog bound and
+deadline, then admission. A retry of a request already accepted gets its original answer,
+never a refusal, whatever the load is now."""
+
+from __future__ import annotations
+
+from batchserve.api.deadlines import refuse_if_hopeless
+from batchserve.api.services import ApiServices
+from batchserve.core.domain import RequestRecord, SubmitCommand, to_epoch
+from batchserve.core.errors import Overloaded
+from batchserve.core.store import Admission, TenantRow
+
+
+async def admit(services: ApiServices, caller: TenantRow, command: SubmitCommand) -> Admission:
+    now = to_epoch(command.created_at)
+    try:
+        await services.quotas.check(caller, command, now)
+        await refuse_if_hopeless(services.adapters.loadboard, command, now)
+    except Overloaded:
+        original = await _original(services, command)
+        if original is None:
+            raise
+        return Admission(record=original, replayed=True, message=None)
+    admission = await services.admitter.submit(command)
+    if not admission.replayed:
+        services.quotas.admitted(caller.name, command)
+    return admission
+
+
+async def _original(services: ApiServices, command: SubmitCommand) -> RequestRecord | None:
+    if command.idempotency_key is None:
+        return None
+    store = services.adapters.store
+    original = await store.get_by_idempotency_key(command.tenant, command.idempotency_key)
+    if original is None or original.fingerprint != command.fingerprint:
+        return None
+    return original

@@ -1,0 +1,57 @@
+"""Builds the FastAPI app."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+from batchserve.api import openapi, problems
+from batchserve.api.limits import BodySizeLimit
+from batchserve.api.observe import RejectionCounter
+from batchserve.api.routes import batches, files, health, models, openai, ops, requests, webhooks
+from batchserve.api.services import ApiServices
+from batchserve.core.settings import Settings, load_settings
+
+
+def create_app(settings: Settings | None = None, services: ApiServices | None = None) -> FastAPI:
+    """The API app. With ``services`` given, the caller owns their lifetime (embedded mode)."""
+    settings = settings or load_settings()
+    owned = services is None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        nonlocal services
+        if services is None:
+            services = ApiServices.create(settings)
+        app.state.services = services
+        if owned:
+            await services.start()
+        try:
+            yield
+        finally:
+            if owned:
+                await services.stop()
+
+    app = FastAPI(
+        title="batchserve",
+        version="0.1.0",
+        summary="Durable, batched LLM inference",
+        lifespan=lifespan,
+    )
+    problems.install(app)
+    openapi.install(app)
+    app.include_router(health.router)
+    app.include_router(requests.router)
+    app.include_router(models.router)
+    app.include_router(webhooks.router)
+    app.include_router(openai.router)
+    app.include_router(files.router)
+    app.include_router(batches.router)
+    app.include_router(ops.router)
+    # Uploads may be as large as a batch file may be (multipart framing on top).
+    uploads = {"/v1/files": settings.max_file_bytes + 65_536}
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, overrides=uploads)
+    app.add_middleware(RejectionCounter)  # outermost: it sees the size guard's refusals too
+    return app

@@ -1,0 +1,261 @@
+"""The OpenAI request and response shapes of ``/v1/chat/completions`` and ``/v1/completions``,
+and their translation to and from batchserve's own request (so the same limits apply).
+
+Unknown fields are ignored (clients send many harmless ones), but those that would change the
+answer and that the backends cannot honour (``n`` > 1, tools, logprobs) are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from batchserve.api.schemas import SubmitRequest
+from batchserve.core.domain import RequestRecord, to_epoch
+from batchserve.core.errors import InvalidInput
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool | None = None
+
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class OpenAIBody(BaseModel):
+    """Fields both endpoints share. Limits are checked on the translated request."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    ignore_eos: bool | None = None  # vLLM's extension
+    n: int | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    logprobs: Any = None
+    metadata: dict[str, str] | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def refuse_unsupported(self, *, can_stream: bool) -> None:
+        if self.stream and not can_stream:
+            raise InvalidInput(
+                "stream=true is not supported in a batch job: its answers go to its output file",
+                field="stream",
+            )
+        if self.stream_options is not None and not self.stream:
+            raise InvalidInput(
+                "stream_options is only allowed with stream=true", field="stream_options"
+            )
+        if self.n is not None and self.n != 1:
+            raise InvalidInput("only n=1 is supported", field="n", limit={"le": 1})
+        if self.logprobs:
+            raise InvalidInput("logprobs are not supported", field="logprobs")
+
+    def params(self) -> dict[str, Any]:
+        params: dict[str, Any] = {}
+        max_tokens = self.max_completion_tokens or self.max_tokens
+        for name, value in (
+            ("max_tokens", max_tokens),
+            ("temperature", self.temperature),
+            ("top_p", self.top_p),
+            ("stop", self.stop),
+            ("seed", self.seed),
+            ("ignore_eos", self.ignore_eos),
+        ):
+            if value is not None:
+                params[name] = value
+        return params
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: str
+    text: str | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: str
+    content: str | list[ContentPart] | None = None
+
+
+class ChatBody(OpenAIBody):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[Message]
+    tools: list[Any] | None = None
+
+    def to_submit(
+        self, *, timeout_s: float | None = None, can_stream: bool = False
+    ) -> SubmitRequest:
+        """The native request this asks for; ``can_stream``: ``stream`` may be true (the
+        synchronous endpoints stream; a batch job's line may not)."""
+        self.refuse_unsupported(can_stream=can_stream)
+        if self.tools:
+            raise InvalidInput("tools are not supported", field="tools")
+        messages = [
+            {"role": _role(m.role, i), "content": _text(m, i)} for i, m in enumerate(self.messages)
+        ]
+        return _submit(self, {"messages": messages}, timeout_s)
+
+
+class CompletionBody(OpenAIBody):
+    """``POST /v1/completions``."""
+
+    prompt: str | list[str]
+    echo: bool | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def to_submit(
+        self, *, timeout_s: float | None = None, can_stream: bool = False
+    ) -> SubmitRequest:
+        """The native request this asks for; ``can_stream``: ``stream`` may be true (the
+        synchronous endpoints stream; a batch job's line may not)."""
+        self.refuse_unsupported(can_stream=can_stream)
+        if self.echo:
+            raise InvalidInput("echo=true is not supported", field="echo")
+        if self.best_of is not None and self.best_of != 1:
+            raise InvalidInput("only best_of=1 is supported", field="best_of", limit={"le": 1})
+        if self.suffix:
+            raise InvalidInput("suffix is not supported", field="suffix")
+        prompt = self.prompt
+        if isinstance(prompt, list):
+            if len(prompt) != 1:
+                raise InvalidInput(
+                    "give one prompt per request (a list of one string at most)", field="prompt"
+                )
+            prompt = prompt[0]
+        return _submit(self, {"input": prompt}, timeout_s)
+
+
+def _role(role: str, index: int) -> str:
+    mapped = ROLES.get(role)
+    if mapped is None:
+        raise InvalidInput(
+            f"role {role!r} is not supported (system, developer, user, assistant)",
+            field=f"messages[{index}].role",
+        )
+    return mapped
+
+
+def _text(message: Message, index: int) -> str:
+    if isinstance(message.content, str):
+        return message.content
+    if message.content is None:
+        return ""
+    parts = []
+    for part in message.content:
+        if part.type != "text" or part.text is None:
+            raise InvalidInput(
+                f"content parts of type {part.type!r} are not supported (text only)",
+                field=f"messages[{index}].content",
+            )
+        parts.append(part.text)
+    return "".join(parts)
+
+
+def _submit(body: OpenAIBody, prompt: dict[str, Any], timeout_s: float | None) -> SubmitRequest:
+    data: dict[str, Any] = {"model": body.model, "params": body.params(), **prompt}
+    if body.metadata is not None:
+        data["metadata"] = body.metadata
+    if timeout_s is not None:
+        data["timeout_s"] = timeout_s
+    try:
+        return SubmitRequest.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise InvalidInput(
+            str(first.get("msg", "invalid")),
+            field=openai_param(tuple(first.get("loc", ())), body),
+        ) from error
+
+
+def openai_param(loc: tuple[Any, ...], body: OpenAIBody | None = None) -> str:
+    """``params.max_tokens`` -> ``max_tokens``, ``messages.0.content`` -> ``messages[0].content``:
+    the field as the OpenAI caller named it."""
+    parts = [p for p in loc if p not in ("body", "query", "path", "params")]
+    if parts and parts[0] == "input":
+        parts[0] = "prompt"
+    if parts == ["max_tokens"] and body is not None and body.max_completion_tokens:
+        parts = ["max_completion_tokens"]
+    name = ""
+    for part in parts:
+        if isinstance(part, int):
+            name += f"[{part}]"
+        elif str(part).isidentifier():
+            name += f".{part}" if name else str(part)
+    return name or "body"
+
+
+def openai_field(field: str) -> str:
+    """A native field name (``params.max_tokens``, ``input``) as the OpenAI caller knows it."""
+    field = field.removeprefix("params.")
+    return "prompt" if field == "input" else field
+
+
+def usage(record: RequestRecord) -> dict[str, int]:
+    prompt, completion = record.prompt_tokens or 0, record.completion_tokens or 0
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def finish_reason(record: RequestRecord) -> Literal["stop", "length"]:
+    return "length" if record.finish_reason == "length" else "stop"
+
+
+def chat_completion(record: RequestRecord) -> dict[str, Any]:
+    """A succeeded request as OpenAI's ``chat.completion`` object."""
+    return {
+        "id": f"chatcmpl-{record.id.hex}",
+        "object": "chat.completion",
+        "created": int(to_epoch(record.created_at)),
+        "model": record.model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": record.output or "", "refusal": None},
+                "finish_reason": finish_reason(record),
+                "logprobs": None,
+            }
+        ],
+        "usage": usage(record),
+        "system_fingerprint": None,
+    }
+
+
+def text_completion(record: RequestRecord) -> dict[str, Any]:
+    """A succeeded request as OpenAI's ``text_completion`` object."""
+    return {
+        "id": f"cmpl-{record.id.hex}",
+        "object": "text_completion",
+        "created": int(to_epoch(record.created_at)),
+        "model": record.model,
+        "choices": [
+            {
+                "index": 0,
+                "text": record.output or "",
+                "finish_reason": finish_reason(record),
+                "logprobs": None,
+            }
+        ],
+        "usage": usage(record),
+        "system_fingerprint": None,
+    }

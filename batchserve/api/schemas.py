@@ -1,0 +1,251 @@
+"""Request and response bodies of the ``/v1`` API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from batchserve.core.domain import AttemptRecord, DeliveryRecord, RequestRecord
+
+MAX_STOP_SEQUENCES = 4
+MAX_METADATA_KEYS = 16
+
+StopText = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+MetaKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+MetaValue = Annotated[str, StringConstraints(max_length=512)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+
+class ChatMessage(Strict):
+    role: Literal["system", "user", "assistant"]
+    content: Annotated[str, StringConstraints(max_length=200_000)]
+
+
+class GenerationParams(Strict):
+    max_tokens: int = Field(default=256, ge=1, le=32_768)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop: Annotated[list[StopText], Field(max_length=MAX_STOP_SEQUENCES)] | StopText | None = None
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    # Generate all of max_tokens even past an end-of-sequence token (vLLM's parameter; load
+    # tests use it for answers of a known length).
+    ignore_eos: bool = False
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class SubmitRequest(Strict):
+    """``POST /v1/requests``: exactly one of ``input`` and ``messages`` (checked at admission,
+    so the problem names the field)."""
+
+    model: Annotated[str, StringConstraints(min_length=1, max_length=128)]
+    input: Annotated[str, StringConstraints(min_length=1)] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=256)] | None = None
+    params: GenerationParams = Field(default_factory=GenerationParams)
+    timeout_s: float | None = Field(default=None, gt=0)
+    deadline: datetime | None = None
+    webhook_url: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = None
+    lane: Literal["interactive", "bulk"] = "interactive"
+    metadata: Annotated[dict[MetaKey, MetaValue], Field(max_length=MAX_METADATA_KEYS)] | None = None
+
+
+class Output(BaseModel):
+    text: str
+    finish_reason: str | None
+
+
+class ErrorInfo(BaseModel):
+    code: str
+    message: str | None
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class TimingsOut(BaseModel):
+    queued_ms: float
+    batch_wait_ms: float
+    model_ms: float
+    total_ms: float
+    # Acceptance to the first token (to the whole answer for a model that makes it at once).
+    ttft_ms: float | None = None
+
+
+class RequestOut(BaseModel):
+    id: str
+    object: Literal["request"] = "request"
+    status: str
+    model: str
+    lane: str
+    created_at: datetime
+    deadline: datetime
+    finished_at: datetime | None
+    attempts: int
+    batch_id: str | None
+    output: Output | None
+    error: ErrorInfo | None
+    usage: Usage | None
+    timings: TimingsOut | None
+    metadata: dict[str, str] | None
+
+    @classmethod
+    def of(cls, record: RequestRecord) -> RequestOut:
+        usage = None
+        if record.prompt_tokens is not None and record.completion_tokens is not None:
+            usage = Usage(
+                prompt_tokens=record.prompt_tokens,
+                completion_tokens=record.completion_tokens,
+                total_tokens=record.prompt_tokens + record.completion_tokens,
+            )
+        timings = None
+        if record.timings is not None:
+            timings = TimingsOut(
+                queued_ms=round(record.timings.queued_ms, 3),
+                batch_wait_ms=round(record.timings.batch_wait_ms, 3),
+                model_ms=round(record.timings.model_ms, 3),
+                total_ms=round(record.timings.total_ms, 3),
+                ttft_ms=None
+                if record.timings.ttft_ms is None
+                else round(record.timings.ttft_ms, 3),
+            )
+        return cls(
+            id=str(record.id),
+            status=record.state.value,
+            model=record.model,
+            lane=record.lane.value,
+            created_at=record.created_at,
+            deadline=record.deadline,
+            finished_at=record.finished_at,
+            attempts=record.attempts,
+            batch_id=str(record.batch_id) if record.batch_id else None,
+            output=Output(text=record.output, finish_reason=record.finish_reason)
+            if record.output is not None
+            else None,
+            error=ErrorInfo(code=record.error_code, message=record.error_message)
+            if record.error_code
+            else None,
+            usage=usage,
+            timings=timings,
+            metadata=record.metadata,
+        )
+
+
+class RequestList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[RequestOut]
+    has_more: bool
+    next_cursor: str | None
+
+
+class ModelOut(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0  # OpenAI's Model object has it; the registry has no creation time
+    owned_by: str = "batchserve"
+    backend: str
+    max_batch_size: int
+    max_batch_delay_ms: float | None
+    max_batch_tokens: int | None
+    context_length: int
+    max_new_tokens: int
+    policy: str
+    description: str
+    # ``batch``: a batch runs as a unit; ``engine``: continuous batching, capacity in sequences.
+    kind: str = "batch"
+    # What the batcher believes a batch (engine models: a sequence) takes now, and where that
+    # comes from (``fixed``, ``engine-profile``, ``learned``); null without a live batcher.
+    estimate: dict[str, Any] | None = None
+    # Live capacity: slots, or an engine model's sequences and KV tokens (total and free).
+    capacity: dict[str, Any] | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelOut]
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    return model.model_dump(mode="json")
+
+
+class AttemptOut(BaseModel):
+    number: int
+    at: datetime
+    status_code: int | None
+    error: str | None
+    duration_ms: float | None
+
+    @classmethod
+    def of(cls, attempt: AttemptRecord) -> AttemptOut:
+        return cls(
+            number=attempt.number,
+            at=attempt.started_at,
+            status_code=attempt.status_code,
+            error=attempt.error,
+            duration_ms=attempt.duration_ms,
+        )
+
+
+class DeliveryOut(BaseModel):
+    """A webhook delivery of a request; ``id`` is the ``webhook-id`` header of every attempt."""
+
+    id: str
+    object: Literal["webhook_delivery"] = "webhook_delivery"
+    event_type: str
+    url: str
+    status: str
+    created_at: datetime
+    finished_at: datetime | None
+    next_attempt_at: datetime | None
+    error: str | None
+    attempts: list[AttemptOut]
+
+    @classmethod
+    def of(cls, delivery: DeliveryRecord) -> DeliveryOut:
+        return cls(
+            id=delivery.id,
+            event_type=delivery.event_type,
+            url=delivery.url,
+            status=delivery.status.value,
+            created_at=delivery.created_at,
+            finished_at=delivery.finished_at,
+            next_attempt_at=delivery.next_attempt_at,
+            error=delivery.error,
+            attempts=[AttemptOut.of(a) for a in delivery.attempt_log],
+        )
+
+
+class DeliveryList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[DeliveryOut]
+
+
+class WebhookSecretOut(BaseModel):
+    """A tenant's signing secret: metadata, and the secret itself only when just made."""
+
+    object: Literal["webhook_secret"] = "webhook_secret"
+    secret: str | None = None
+    created_at: datetime
+    previous_expires_at: datetime | None
+
+
+class EnableEndpoint(Strict):
+    url: Annotated[str, StringConstraints(min_length=1, max_length=2048)]
+
+
+class EndpointOut(BaseModel):
+    object: Literal["webhook_endpoint"] = "webhook_endpoint"
+    url: str
+    enabled: bool
+    was_disabled: bool

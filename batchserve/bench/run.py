@@ -1,0 +1,138 @@
+"""Running bench scenarios: one fresh deployment each, torn down after, with the machine noted."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from batchserve.bench.drain import SaturationPlan, run_saturation
+from batchserve.bench.ingest import IngestPlan, MixedPlan, run_bulk, run_ingest, run_mixed
+from batchserve.bench.latency import LatencyPlan, run_overhead
+from batchserve.bench.stack import BenchDeployment, variants
+from batchserve.core.logs import setup_logging
+from batchserve.core.settings import load_settings
+
+
+@dataclass(frozen=True, slots=True)
+class BenchOptions:
+    workers: int
+    batch: int
+    variants: list[str]
+    timer_delay_ms: float
+    duration_s: float
+    loads: list[float]
+    backlog_s: float
+    warmup_s: float
+    http_load: float
+    rates: list[float]
+    step_s: float
+    max_p99_ms: float
+    wide_batch: int
+    interactive_rps: float
+    bulk_requests: int
+    timeout_s: float
+    seed: int
+    profile: str | None = None
+    profile_out: Path = Path("profile.svg")
+    keep: bool = False
+
+
+def machine() -> dict[str, Any]:
+    """Cores and how busy they were: other work on the box moves every figure."""
+    one, five, fifteen = os.getloadavg()
+    return {
+        "cores": os.cpu_count(),
+        "load_avg_1m": round(one, 2),
+        "load_avg_5m": round(five, 2),
+        "load_avg_15m": round(fifteen, 2),
+    }
+
+
+async def run_scenarios(names: list[str], options: BenchOptions) -> list[dict[str, Any]]:
+    settings = load_settings()
+    if settings.embedded:
+        raise typer.BadParameter(
+            "bench needs servers: set BATCHSERVE_DATABASE_URL, _BROKER_URL, _REDIS_URL"
+        )
+    setup_logging("bench", fmt="text", level="WARNING")
+    logging.getLogger("aiormq").setLevel(logging.ERROR)
+    catalogue = variants(options.batch, options.timer_delay_ms, options.wide_batch)
+    unknown = [v for v in options.variants if v not in catalogue]
+    if unknown:
+        raise typer.BadParameter(f"unknown variant(s) {unknown}; one of {', '.join(catalogue)}")
+    documents = []
+    for name in names:
+        deployment = BenchDeployment(
+            settings,
+            catalogue,
+            options.workers,
+            keep=options.keep,
+            profile_role=options.profile,
+            profile_out=options.profile_out,
+        )
+        before = machine()
+        started = time.monotonic()
+        await deployment.start()
+        try:
+            doc = await _run_one(name, deployment, options, catalogue)
+        finally:
+            await deployment.stop()
+        doc["machine"] = {"before": before, "after": machine()}
+        doc["wall_s"] = round(time.monotonic() - started, 1)
+        doc["logs"] = str(deployment.log_dir)
+        documents.append(doc)
+    return documents
+
+
+async def _run_one(
+    name: str, deployment: BenchDeployment, options: BenchOptions, catalogue: dict[str, Any]
+) -> dict[str, Any]:
+    chosen = [catalogue[v] for v in options.variants]
+    adaptive = catalogue["adaptive"]
+    if name == "saturation":
+        return await run_saturation(
+            deployment,
+            SaturationPlan(
+                variants=chosen,
+                workers=options.workers,
+                backlog_s=options.backlog_s,
+                warmup_s=options.warmup_s,
+                http_load=options.http_load,
+                http_duration_s=options.duration_s,
+                seed=options.seed,
+            ),
+        )
+    if name == "overhead":
+        return await run_overhead(
+            deployment,
+            LatencyPlan(
+                variants=chosen,
+                workers=options.workers,
+                reference_rps=adaptive.ideal_rps(options.workers),
+                loads=options.loads,
+                duration_s=options.duration_s,
+                timeout_s=options.timeout_s,
+                seed=options.seed,
+            ),
+        )
+    if name == "ingest":
+        plan = IngestPlan(
+            catalogue["wide"], options.rates, options.step_s, options.max_p99_ms, options.seed
+        )
+        return await run_ingest(deployment, plan)
+    if name == "bulk":
+        return await run_bulk(deployment, adaptive, options.bulk_requests)
+    if name == "mixed":
+        return await run_mixed(
+            deployment,
+            MixedPlan(
+                adaptive, options.workers, options.interactive_rps, options.duration_s, options.seed
+            ),
+        )
+    raise ValueError(f"unknown scenario {name}")

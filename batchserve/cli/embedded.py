@@ -1,0 +1,178 @@
+"""The embedded mode: every role in one process, on a SQLite file and in-process queues.
+
+Same policy, same store logic, same API as the full stack; no servers to install. For
+development and demos: one process means one machine and no fault isolation between roles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+
+import uvicorn
+
+from batchserve.api.main import create_app
+from batchserve.api.services import ApiServices
+from batchserve.batching.batcher import ModelBatcher
+from batchserve.cli.roles import batcher_config, job_driver, maintenance_config
+from batchserve.cli.served import redacted
+from batchserve.core.logs import get_logger
+from batchserve.core.migrate import upgrade
+from batchserve.core.settings import Settings
+from batchserve.core.slots import MemorySlotDirectory
+from batchserve.core.wiring import Adapters, connect
+from batchserve.models.loader import load_backend, load_engine
+from batchserve.models.plugins import plugin_for
+from batchserve.models.registry import Registry
+from batchserve.workers.dispatch import InProcessDispatcher
+from batchserve.workers.engine_runner import EngineRunner, EngineRunnerConfig
+from batchserve.workers.maintenance import Maintenance
+from batchserve.workers.runner import BatchRunner
+from batchserve.workers.webhooks.delivery import create_deliverer
+from batchserve.workers.webhooks.relay import InProcessSenders, Relay
+
+log = get_logger("batchserve.embedded")
+
+
+class EmbeddedStack:
+    """All roles wired in-process. ``start`` then serve the app; ``stop`` when done."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.adapters: Adapters = connect(settings)
+        specs = []
+        for spec in self.adapters.registry.specs():
+            reason = plugin_for(spec).missing()
+            if reason is None:
+                specs.append(spec)
+            else:  # a light install serves what it can; the API then calls the model unknown
+                log.warning("model_not_served", model=spec.name, reason=reason)
+                print(f"batchserve: not serving {spec.name}: {reason}", flush=True)
+        self.adapters.registry = Registry({spec.name: spec for spec in specs})
+        runners: dict[str, BatchRunner] = {}
+        self.engines: dict[str, EngineRunner] = {}
+        for spec in specs:
+            plugin = plugin_for(spec)
+            if plugin.prepare is not None:
+                plugin.prepare(spec)
+            if plugin.kind == "engine":
+                self.engines[spec.name] = EngineRunner(
+                    store=self.adapters.store,
+                    events=self.adapters.events,
+                    queue=self.adapters.queue,
+                    engine=load_engine(spec),
+                    model=spec.name,
+                    max_new_tokens=spec.max_new_tokens,
+                    worker_id=f"embedded:{spec.name}",
+                    config=EngineRunnerConfig(lease_s=settings.lease_s),
+                    tokens=self.adapters.tokens,
+                )
+                continue
+            runners[spec.name] = BatchRunner(
+                store=self.adapters.store,
+                events=self.adapters.events,
+                queue=self.adapters.queue,
+                backend=load_backend(spec),
+                worker_id=f"embedded:{spec.name}",
+                lease_s=settings.lease_s,
+                tokens=self.adapters.tokens,
+            )
+        self.dispatcher = InProcessDispatcher(runners, self.engines)
+        self.batchers = [
+            ModelBatcher(
+                spec,
+                store=self.adapters.store,
+                queue=self.adapters.queue,
+                dispatcher=self.dispatcher,
+                slots=self.adapters.slots,
+                events=self.adapters.events,
+                config=batcher_config(settings),
+                loadboard=self.adapters.loadboard,
+            )
+            for spec in specs
+        ]
+        self.maintenance = Maintenance(
+            store=self.adapters.store,
+            queue=self.adapters.queue,
+            events=self.adapters.events,
+            config=maintenance_config(settings),
+            jobs=job_driver(self.adapters),
+        )
+        # Webhooks: the same deliverer as the webhooks role, its attempts as tasks of this loop.
+        self.deliverer = create_deliverer(self.adapters.store, settings)
+        self.senders = InProcessSenders(self.deliverer, self.deliverer.config.concurrency)
+        self.relay = Relay(
+            store=self.adapters.store,
+            senders=self.senders,
+            lease_s=self.deliverer.config.lease_s,
+            tick_s=self.deliverer.config.relay_tick_s,
+            events=self.adapters.events,
+        )
+        self.api = ApiServices.create(settings, self.adapters)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        slots = self.adapters.slots
+        assert isinstance(slots, MemorySlotDirectory)
+        for spec in self.adapters.registry.specs():
+            runner = self.engines.get(spec.name)
+            if runner is None:
+                slots.register(spec.name, "embedded", spec.slots, float("inf"))
+                continue
+            await runner.start()
+            engine = runner.engine
+            slots.register(
+                spec.name,
+                "embedded",
+                engine.capacity.max_num_seqs,
+                float("inf"),
+                tokens=engine.capacity.max_num_tokens,
+                profile=None if engine.profile is None else dataclasses.asdict(engine.profile),
+            )
+        # The in-process queue starts empty: whatever was queued when we stopped goes back in.
+        recovered = await self.adapters.store.queued_messages()
+        await self.adapters.queue.publish(recovered)
+        if recovered:
+            log.info("recovered_queued", count=len(recovered))
+        for batcher in self.batchers:
+            await batcher.start()
+            self._tasks.append(asyncio.create_task(batcher.loop()))
+        self._tasks.append(asyncio.create_task(self.maintenance.run()))
+        self._tasks.append(asyncio.create_task(self.relay.run()))
+        await self.api.start()
+
+    async def stop(self) -> None:
+        await self.api.stop(close_adapters=False)
+        for batcher in self.batchers:
+            await batcher.stop()
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.dispatcher.close()
+        for runner in self.engines.values():
+            await runner.close()
+        await self.senders.close()
+        await self.deliverer.close()
+        await self.adapters.close()
+
+
+async def run_embedded(settings: Settings, host: str, port: int) -> None:
+    await asyncio.to_thread(upgrade, settings.effective_database_url)
+    stack = EmbeddedStack(settings)
+    await stack.start()
+    app = create_app(settings, services=stack.api)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False)
+    )
+    log.info(
+        "embedded_ready",
+        url=f"http://{host}:{port}",
+        database=redacted(settings.effective_database_url),
+    )
+    print(f"batchserve (embedded) listening on http://{host}:{port}", flush=True)
+    try:
+        await server.serve()
+    finally:
+        await stack.stop()

@@ -1,0 +1,148 @@
+"""Each production role as a function: api, batcher, maintenance (the worker is Celery's)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable
+
+import uvicorn
+
+from batchserve.batching.batcher import BatcherConfig, ModelBatcher
+from batchserve.core.logs import get_logger
+from batchserve.core.metrics import serve_role_metrics
+from batchserve.core.settings import Settings
+from batchserve.core.wiring import Adapters, connect
+from batchserve.models.registry import ModelSpec
+from batchserve.workers.celery_app import create_celery
+from batchserve.workers.dispatch import CeleryDispatcher
+from batchserve.workers.jobs import JobDriver
+from batchserve.workers.maintenance import Maintenance, MaintenanceConfig
+
+log = get_logger("batchserve")
+
+
+def batcher_config(settings: Settings) -> BatcherConfig:
+    return BatcherConfig(lease_s=settings.lease_s, dispatch_grace_s=settings.dispatch_grace_s)
+
+
+def maintenance_config(settings: Settings) -> MaintenanceConfig:
+    return MaintenanceConfig(
+        republish_after_s=settings.republish_after_s,
+        idempotency_retention_s=settings.idempotency_retention_s,
+    )
+
+
+def job_driver(adapters: Adapters) -> JobDriver:
+    return JobDriver(
+        store=adapters.store,
+        queue=adapters.queue,
+        registry=adapters.registry,
+        settings=adapters.settings,
+        events=adapters.events,
+    )
+
+
+def select_models(adapters: Adapters, names: list[str] | None) -> list[ModelSpec]:
+    registry = adapters.registry
+    wanted = names or registry.names()
+    unknown = [n for n in wanted if n not in registry]
+    if unknown:
+        raise SystemExit(
+            f"unknown model(s): {', '.join(unknown)}; known: {', '.join(registry.names())}"
+        )
+    return [spec for n in wanted if (spec := registry.get(n)) is not None]
+
+
+async def _until_signalled(
+    *tasks: asyncio.Task[None],
+    drain: Callable[[], Awaitable[None]] | None = None,
+    grace_s: float = 10.0,
+) -> None:
+    """Run ``tasks`` until SIGTERM/SIGINT; then ``drain`` (a graceful stop the tasks end on by
+    themselves) and give them ``grace_s`` to end before cancelling them."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    stopper = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    for task in tasks:
+        if task in done and (error := task.exception()) is not None:
+            raise error
+    stopper.cancel()
+    if drain is not None and stopper in done:
+        log.info("draining", grace_s=round(grace_s))
+        await drain()
+        await asyncio.wait(tasks, timeout=grace_s)
+    for task in tasks:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def run_batcher(settings: Settings, models: list[str] | None) -> None:
+    adapters = connect(settings, pool_size=4)
+    specs = select_models(adapters, models)
+    celery = create_celery(settings, [s.name for s in specs])
+    dispatcher = CeleryDispatcher(celery, settings)
+    batchers = [
+        ModelBatcher(
+            spec,
+            store=adapters.store,
+            queue=adapters.queue,
+            dispatcher=dispatcher,
+            slots=adapters.slots,
+            events=adapters.events,
+            config=batcher_config(settings),
+            loadboard=adapters.loadboard,
+        )
+        for spec in specs
+    ]
+    try:
+        serve_role_metrics(settings, "batcher")
+
+        async def drain() -> None:
+            await asyncio.gather(*(b.drain() for b in batchers))
+
+        await _until_signalled(*(asyncio.create_task(b.run()) for b in batchers), drain=drain)
+    finally:
+        dispatcher.close()
+        await adapters.close()
+
+
+async def run_maintenance(settings: Settings) -> None:
+    adapters = connect(settings, pool_size=4)
+    maintenance = Maintenance(
+        store=adapters.store,
+        queue=adapters.queue,
+        events=adapters.events,
+        config=maintenance_config(settings),
+        jobs=job_driver(adapters),
+    )
+    try:
+        serve_role_metrics(settings, "maintenance")
+        await _until_signalled(asyncio.create_task(maintenance.run()))
+    finally:
+        await adapters.close()
+
+
+def run_api(settings: Settings, host: str, port: int) -> None:
+    from batchserve.api.main import create_app
+
+    config = uvicorn.Config(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        loop="asyncio",
+        http="httptools",
+        timeout_graceful_shutdown=10,
+        # An idle connection is kept longer than clients keep theirs (httpx 5 s, aiohttp 15 s,
+        # proxies 60 s), so the client closes it first: a server closing at the very moment a
+        # client sends on it resets that request, which reached no handler and gets no answer.
+        timeout_keep_alive=75,
+    )
+    uvicorn.Server(config).run()

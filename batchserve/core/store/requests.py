@@ -1,0 +1,431 @@
+"""Request verbs of the job store: admission with idempotency, reads, cancel, expiry."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from psycopg.types.json import Jsonb
+from sqlalchemy import func, select, text, update
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from batchserve.core.db import autocommit, transaction
+from batchserve.core.domain import (
+    ErrorCode,
+    QueueMessage,
+    RequestRecord,
+    RequestState,
+    SubmitCommand,
+    from_epoch,
+)
+from batchserve.core.errors import (
+    IdempotencyConflict,
+    IdempotencyInProgress,
+    InvalidTransition,
+    NotFound,
+)
+from batchserve.core.records import (
+    MESSAGE_COLUMNS,
+    RECORD_COLUMNS,
+    command_message,
+    command_row,
+    row_message,
+    row_record,
+)
+from batchserve.core.store.base import (
+    Admission,
+    S,
+    StoreBase,
+    advisory_key,
+    expire_stmt,
+    requests_t,
+)
+
+
+class RequestVerbs(StoreBase):
+    async def submit(
+        self, commands: Sequence[SubmitCommand]
+    ) -> list[Admission | IdempotencyConflict | IdempotencyInProgress]:
+        """Persist new requests in one transaction, honouring their idempotency keys."""
+        outcomes: list[Admission | IdempotencyConflict | IdempotencyInProgress | None] = [
+            None
+        ] * len(commands)
+        async with transaction(self.engine) as conn:
+            to_insert = await self._lock_keys(conn, commands, outcomes)
+            inserted = await self._insert(conn, [commands[i] for i in to_insert])
+            replays = [i for i in to_insert if commands[i].id not in inserted]
+            existing = await self._existing_by_key(conn, [commands[i] for i in replays])
+        for i in to_insert:
+            cmd = commands[i]
+            if cmd.id in inserted:
+                outcomes[i] = Admission(_new_record(cmd), False, command_message(cmd))
+                continue
+            assert cmd.idempotency_key is not None
+            original = existing.get((cmd.tenant, cmd.idempotency_key))
+            if original is None:  # pruned between insert and read: treat as in use
+                outcomes[i] = IdempotencyInProgress("retry shortly")
+            elif original.fingerprint != cmd.fingerprint:
+                outcomes[i] = IdempotencyConflict(
+                    "this Idempotency-Key was used with a different request body"
+                )
+            else:
+                outcomes[i] = Admission(original, True, None)
+        return [o for o in outcomes if o is not None]
+
+    async def _lock_keys(
+        self,
+        conn: AsyncConnection,
+        commands: Sequence[SubmitCommand],
+        outcomes: list[Any],
+    ) -> list[int]:
+        """Indexes of commands to insert; a key another admission holds answers 409."""
+        seen: set[tuple[str, str]] = set()
+        keyed: list[int] = []
+        plain: list[int] = []
+        for i, cmd in enumerate(commands):
+            if cmd.idempotency_key is None:
+                plain.append(i)
+                continue
+            pair = (cmd.tenant, cmd.idempotency_key)
+            if pair in seen:
+                outcomes[i] = IdempotencyInProgress("a request with this key is being admitted")
+            else:
+                seen.add(pair)
+                keyed.append(i)
+        if keyed and self._postgres:
+            keys = [
+                advisory_key(commands[i].tenant, commands[i].idempotency_key or "") for i in keyed
+            ]
+            rows = await conn.execute(
+                text(
+                    "SELECT pg_try_advisory_xact_lock(k) FROM unnest(CAST(:keys AS bigint[])) AS k"
+                ),
+                {"keys": keys},
+            )
+            locked = [bool(r[0]) for r in rows]
+            for i, got in zip(list(keyed), locked, strict=True):
+                if not got:
+                    outcomes[i] = IdempotencyInProgress("a request with this key is being admitted")
+                    keyed.remove(i)
+        return sorted(plain + keyed)
+
+    async def _insert(
+        self, conn: AsyncConnection, commands: Sequence[SubmitCommand]
+    ) -> set[uuid.UUID]:
+        if not commands:
+            return set()
+        if self._postgres:
+            # One statement of constant text whatever the group's size: the driver converts
+            # and Postgres prepares it once, where a multi-row VALUES is new SQL each time.
+            rows = [command_row(c) for c in commands]
+            columns = {
+                name: [_pg_array_value(name, row[name]) for row in rows]
+                for name, _ in _UNNEST_INSERT_COLUMNS
+            }
+            result = await conn.execute(_INSERT_UNNEST_PG, columns)
+            return {row[0] for row in result}
+        stmt = (
+            sqlite_insert(requests_t)
+            .on_conflict_do_nothing(index_elements=["tenant", "idempotency_key"])
+            .returning(requests_t.c.id)
+        )
+        result = await conn.execute(stmt, [command_row(c) for c in commands])
+        return {row[0] for row in result}
+
+    async def _existing_by_key(
+        self, conn: AsyncConnection, commands: Sequence[SubmitCommand]
+    ) -> dict[tuple[str, str], RequestRecord]:
+        found: dict[tuple[str, str], RequestRecord] = {}
+        for cmd in commands:
+            row = (
+                (
+                    await conn.execute(
+                        select(*RECORD_COLUMNS).where(
+                            requests_t.c.tenant == cmd.tenant,
+                            requests_t.c.idempotency_key == cmd.idempotency_key,
+                        )
+                    )
+                )
+                .mappings()
+                .first()
+            )
+            if row is not None:
+                record = row_record(row)
+                found[(record.tenant, cmd.idempotency_key or "")] = record
+        return found
+
+    async def mark_published(self, ids: Sequence[str], now: float | None = None) -> None:
+        await self.mark_published_groups([(ids, now or time.time())])
+
+    async def mark_published_groups(self, groups: Sequence[tuple[Sequence[str], float]]) -> None:
+        """Record when each group of messages reached the broker, in one transaction.
+
+        On Postgres a row another transaction holds is skipped, not waited for: it is being
+        claimed, answered or requeued, so the batcher already had it (a requeue publishes and
+        marks it again). Waiting made this a deadlock with claims and result writes, which lock
+        the same rows in another order, and a result write that lost it could lose its lease.
+        A skipped row that stays queued and unmarked is published again by maintenance, which
+        the batcher tolerates (a request is claimed once, whatever its deliveries)."""
+        groups = [(ids, at) for ids, at in groups if ids]
+        if not groups:
+            return
+        if self._postgres:  # every group in one statement of constant text
+            ids = [uuid.UUID(i) for group, _ in groups for i in group]
+            ats = [from_epoch(at) for group, at in groups for _ in group]
+            async with autocommit(self.engine) as conn:
+                await conn.execute(_MARK_PUBLISHED_PG, {"ids": ids, "ats": ats})
+            return
+        async with transaction(self.engine) as conn:
+            for group, at in groups:
+                await conn.execute(
+                    update(requests_t)
+                    .where(requests_t.c.id.in_([uuid.UUID(i) for i in group]))
+                    .where(requests_t.c.published_at.is_(None))
+                    .values(published_at=from_epoch(at))
+                )
+
+    # -- reads -------------------------------------------------------------------------
+
+    async def get(self, request_id: uuid.UUID, tenant: str | None = None) -> RequestRecord | None:
+        query = select(*RECORD_COLUMNS).where(requests_t.c.id == request_id)
+        if tenant is not None:
+            query = query.where(requests_t.c.tenant == tenant)
+        async with transaction(self.engine) as conn:
+            row = (await conn.execute(query)).mappings().first()
+        return row_record(row) if row else None
+
+    async def get_by_idempotency_key(self, tenant: str, key: str) -> RequestRecord | None:
+        query = select(*RECORD_COLUMNS).where(
+            requests_t.c.tenant == tenant, requests_t.c.idempotency_key == key
+        )
+        async with transaction(self.engine) as conn:
+            row = (await conn.execute(query)).mappings().first()
+        return row_record(row) if row else None
+
+    async def list_requests(
+        self,
+        tenant: str,
+        *,
+        limit: int,
+        before: uuid.UUID | None = None,
+        state: RequestState | None = None,
+        model: str | None = None,
+    ) -> list[RequestRecord]:
+        """Newest first; ``before`` is the cursor (the last id of the previous page)."""
+        query = select(*RECORD_COLUMNS).where(requests_t.c.tenant == tenant)
+        if before is not None:
+            query = query.where(requests_t.c.id < before)
+        if state is not None:
+            query = query.where(requests_t.c.state == state.value)
+        if model is not None:
+            query = query.where(requests_t.c.model == model)
+        query = query.order_by(requests_t.c.id.desc()).limit(limit)
+        async with transaction(self.engine) as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        return [row_record(r) for r in rows]
+
+    async def count_by_state(self, model: str | None = None) -> dict[str, int]:
+        query = select(requests_t.c.state, func.count()).group_by(requests_t.c.state)
+        if model is not None:
+            query = query.where(requests_t.c.model == model)
+        async with transaction(self.engine) as conn:
+            rows = (await conn.execute(query)).all()
+        return {state: count for state, count in rows}
+
+    # -- cancellation and expiry ---------------------------------------------------------
+
+    async def cancel(
+        self, request_id: uuid.UUID, tenant: str, now: float | None = None
+    ) -> RequestRecord:
+        """Cancel a queued or running request; its late result, if any, is discarded."""
+        now = now or time.time()
+        now_dt = from_epoch(now)
+        async with transaction(self.engine) as conn:
+            row = (
+                (
+                    await conn.execute(
+                        update(requests_t)
+                        .where(
+                            requests_t.c.id == request_id,
+                            requests_t.c.tenant == tenant,
+                            requests_t.c.state.in_([S.QUEUED.value, S.RUNNING.value]),
+                        )
+                        .values(
+                            state=S.CANCELLED.value,
+                            error_code=ErrorCode.CANCELLED.value,
+                            error_message="cancelled by the caller",
+                            finished_at=now_dt,
+                        )
+                        .returning(*RECORD_COLUMNS)
+                    )
+                )
+                .mappings()
+                .first()
+            )
+            if row is not None:
+                await self._log_terminal(conn, [str(request_id)], S.CANCELLED, now)
+        if row is not None:
+            record = row_record(row)
+            await self._emit(S.CANCELLED, [str(request_id)], model=record.model)
+            return record
+        current = await self.get(request_id, tenant)
+        if current is None:
+            raise NotFound(f"no request {request_id}")
+        if current.state is S.CANCELLED:
+            return current
+        raise InvalidTransition(f"request already {current.state.value}", state=current.state.value)
+
+    async def expire(self, request_ids: Sequence[str], now: float, reason: str) -> list[str]:
+        """Expire queued requests the batcher found unable to meet their deadline."""
+        if not request_ids:
+            return []
+        async with transaction(self.engine) as conn:
+            rows = await conn.execute(
+                expire_stmt(now, reason)
+                .where(requests_t.c.id.in_([uuid.UUID(i) for i in request_ids]))
+                .returning(requests_t.c.id)
+            )
+            expired = [str(r[0]) for r in rows]
+            await self._log_terminal(conn, expired, S.EXPIRED, now)
+        await self._emit(S.EXPIRED, expired)
+        return expired
+
+    async def expire_overdue(self, now: float, limit: int = 1000) -> list[str]:
+        """Expire queued requests whose deadline has passed (maintenance)."""
+        overdue = (
+            select(requests_t.c.id)
+            .where(requests_t.c.state == S.QUEUED.value, requests_t.c.deadline < from_epoch(now))
+            .limit(limit)
+        )
+        if self._postgres:
+            overdue = overdue.with_for_update(skip_locked=True)
+        async with transaction(self.engine) as conn:
+            rows = await conn.execute(
+                expire_stmt(now, "deadline passed before the request could run")
+                .where(requests_t.c.id.in_(overdue.scalar_subquery()))
+                .returning(requests_t.c.id)
+            )
+            expired = [str(r[0]) for r in rows]
+            await self._log_terminal(conn, expired, S.EXPIRED, now)
+        await self._emit(S.EXPIRED, expired)
+        return expired
+
+    async def unpublished(self, older_than: float, limit: int = 1000) -> list[QueueMessage]:
+        """Queued requests committed but never confirmed on the broker (maintenance)."""
+        query = (
+            select(*MESSAGE_COLUMNS)
+            .where(
+                requests_t.c.state == S.QUEUED.value,
+                requests_t.c.published_at.is_(None),
+                requests_t.c.created_at < from_epoch(older_than),
+            )
+            .order_by(requests_t.c.created_at)
+            .limit(limit)
+        )
+        async with transaction(self.engine) as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        return [row_message(r) for r in rows]
+
+    async def queued_messages(self, limit: int = 100_000) -> list[QueueMessage]:
+        """Every queued request, oldest first: what an in-process queue holds after a restart."""
+        query = (
+            select(*MESSAGE_COLUMNS)
+            .where(requests_t.c.state == S.QUEUED.value)
+            .order_by(requests_t.c.created_at)
+            .limit(limit)
+        )
+        async with transaction(self.engine) as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        return [row_message(r) for r in rows]
+
+    async def prune_idempotency(self, before: float) -> int:
+        async with transaction(self.engine) as conn:
+            result = await conn.execute(
+                update(requests_t)
+                .where(
+                    requests_t.c.idempotency_key.is_not(None),
+                    requests_t.c.created_at < from_epoch(before),
+                )
+                .values(idempotency_key=None)
+            )
+        return int(result.rowcount or 0)
+
+
+def _new_record(cmd: SubmitCommand) -> RequestRecord:
+    return RequestRecord(
+        id=cmd.id,
+        tenant=cmd.tenant,
+        model=cmd.model,
+        lane=cmd.lane,
+        state=S.QUEUED,
+        created_at=cmd.created_at,
+        deadline=cmd.deadline,
+        attempts=0,
+        batch_id=None,
+        finished_at=None,
+        output=None,
+        finish_reason=None,
+        error_code=None,
+        error_message=None,
+        prompt_tokens=None,
+        completion_tokens=None,
+        timings=None,
+        metadata=cmd.metadata,
+        idempotency_key=cmd.idempotency_key,
+        fingerprint=cmd.fingerprint,
+        webhook_url=cmd.webhook_url,
+    )
+
+
+# The columns admission writes (``command_row``'s keys) with their Postgres types.
+_UNNEST_INSERT_COLUMNS = [
+    ("id", "uuid"),
+    ("tenant", "text"),
+    ("idempotency_key", "text"),
+    ("fingerprint", "text"),
+    ("model", "text"),
+    ("lane", "text"),
+    ("state", "text"),
+    ("input", "text"),
+    ("messages", "jsonb"),
+    ("params", "jsonb"),
+    ("metadata", "jsonb"),
+    ("webhook_url", "text"),
+    ("est_prompt_tokens", "int"),
+    ("max_tokens", "int"),
+    ("deadline", "timestamptz"),
+    ("attempts", "int"),
+    ("failures", "int"),
+    ("created_at", "timestamptz"),
+    ("job_id", "uuid"),
+    ("custom_id", "text"),
+    ("job_line", "int"),
+]
+_JSON_COLUMNS = frozenset(name for name, kind in _UNNEST_INSERT_COLUMNS if kind == "jsonb")
+_INSERT_UNNEST_PG = text(
+    "INSERT INTO requests ("
+    + ", ".join(name for name, _ in _UNNEST_INSERT_COLUMNS)
+    + ") SELECT * FROM unnest("
+    + ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in _UNNEST_INSERT_COLUMNS)
+    + ") ON CONFLICT (tenant, idempotency_key) DO NOTHING RETURNING id"
+)
+
+
+# The rows to mark are locked with SKIP LOCKED first (see mark_published_groups); an id given
+# twice gets one of its times.
+_MARK_PUBLISHED_PG = text(
+    "UPDATE requests AS r SET published_at = m.at"
+    " FROM unnest(CAST(:ids AS uuid[]), CAST(:ats AS timestamptz[])) AS m(id, at)"
+    " WHERE r.id = m.id AND r.id IN ("
+    "SELECT id FROM requests WHERE id = ANY(CAST(:ids AS uuid[])) AND published_at IS NULL"
+    " FOR UPDATE SKIP LOCKED)"
+)
+
+
+def _pg_array_value(column: str, value: Any) -> Any:
+    if value is not None and column in _JSON_COLUMNS:
+        return Jsonb(value)
+    return value

@@ -1,0 +1,122 @@
+"""Connect the adapters a process needs, from settings: servers, or the embedded defaults."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from batchserve.core.broker import MemoryRequestQueue, RabbitRequestQueue, RequestQueue
+from batchserve.core.db import create_engine
+from batchserve.core.domain import Lane, StateChange
+from batchserve.core.events import EventBus, MemoryEventBus, RedisEventBus
+from batchserve.core.loadboard import LoadBoard, MemoryLoadBoard, RedisLoadBoard
+from batchserve.core.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
+from batchserve.core.settings import Settings
+from batchserve.core.slots import MemorySlotDirectory, RedisSlotDirectory, SlotDirectory
+from batchserve.core.store import JobStore, OnChange
+from batchserve.core.tokenlog import MemoryTokenLog, RedisTokenLog, TokenLog, TokenLogConfig
+from batchserve.models.registry import Registry, load_registry
+
+
+@dataclass
+class Adapters:
+    settings: Settings
+    registry: Registry
+    engine: AsyncEngine
+    store: JobStore
+    queue: RequestQueue
+    events: EventBus
+    slots: SlotDirectory
+    loadboard: LoadBoard
+    ratelimit: RateLimiter
+    tokens: TokenLog
+
+    async def close(self) -> None:
+        for closer in (
+            self.queue.close,
+            self.events.close,
+            self.loadboard.close,
+            self.ratelimit.close,
+            self.tokens.close,
+        ):
+            with contextlib.suppress(Exception):
+                await closer()
+        if isinstance(self.slots, RedisSlotDirectory):
+            with contextlib.suppress(Exception):
+                await self.slots.close()
+        await self.engine.dispose()
+
+    async def check(self) -> dict[str, str]:
+        """Reachability of each backing server, for ``/readyz``."""
+        checks: dict[str, str] = {}
+        try:
+            async with self.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+            checks["database"] = "ok"
+        except Exception as error:
+            checks["database"] = f"unreachable: {type(error).__name__}"
+        if self.settings.embedded:
+            checks["broker"] = checks["events"] = "ok (in-process)"
+            return checks
+        names = self.registry.names()
+        depth = await self.queue.depth(names[0], Lane.INTERACTIVE) if names else 0
+        checks["broker"] = "ok" if depth is not None else "unreachable"
+        total = await self.slots.total_slots("__readyz__", 0.0)
+        checks["events"] = "ok" if total is not None else "unreachable"
+        return checks
+
+
+def token_log_config(settings: Settings) -> TokenLogConfig:
+    return TokenLogConfig(
+        ttl_s=settings.token_log_ttl_s, max_entries=settings.token_log_max_entries
+    )
+
+
+def redis_token_log(settings: Settings) -> RedisTokenLog:
+    assert settings.redis_url
+    return RedisTokenLog(settings.redis_url, settings.key_prefix, token_log_config(settings))
+
+
+def store_hook(events: EventBus, tokens: TokenLog) -> OnChange:
+    """What a committed state change sets off: its entries in the token log (queued, never
+    awaited), then the notification that wakes long-polls, the batcher and workers."""
+
+    async def on_change(event: StateChange) -> None:
+        await tokens.on_change(event)
+        await events.publish(event)
+
+    return on_change
+
+
+def connect(settings: Settings, *, pool_size: int = 10, events: EventBus | None = None) -> Adapters:
+    registry = load_registry(settings.models)
+    engine = create_engine(settings.effective_database_url, pool_size=pool_size)
+    queue: RequestQueue
+    slots: SlotDirectory
+    loadboard: LoadBoard
+    ratelimit: RateLimiter
+    tokens: TokenLog
+    if settings.embedded:
+        events = events or MemoryEventBus()
+        queue = MemoryRequestQueue()
+        slots = MemorySlotDirectory()
+        loadboard = MemoryLoadBoard()
+        ratelimit = MemoryRateLimiter()
+        tokens = MemoryTokenLog(token_log_config(settings))
+    else:
+        assert settings.broker_url and settings.redis_url
+        events = events or RedisEventBus(settings.redis_url, settings.name("events"))
+        queue = RabbitRequestQueue(settings.broker_url, settings.namespace)
+        slots = RedisSlotDirectory(settings.redis_url, settings.key_prefix)
+        loadboard = RedisLoadBoard(settings.redis_url, settings.key_prefix)
+        ratelimit = RedisRateLimiter(settings.redis_url, settings.key_prefix)
+        tokens = redis_token_log(settings)
+    store = JobStore(
+        engine, max_failures=settings.max_failures, on_change=store_hook(events, tokens)
+    )
+    return Adapters(
+        settings, registry, engine, store, queue, events, slots, loadboard, ratelimit, tokens
+    )

@@ -1,0 +1,138 @@
+"""Backends are plugins: each registers under the entry-point group ``batchserve.backends``.
+
+A plugin declares what the rest of batchserve needs to know about its backend without loading
+it: its kind (``batch``: a batch runs as a unit, the seeds' model; ``engine``: one long-lived
+engine holds many sequences and new ones join at a step boundary), whether it holds weights
+(a standby process per slot then costs a second copy of the model), the work to do once
+before workers start (converting weights), and where its tokenizer files are (the API counts
+prompt tokens with them). Loading is lazy: importing this module imports no torch.
+
+A third-party backend ships a :class:`BackendPlugin` and names it in its own package metadata::
+
+    [project.entry-points."batchserve.backends"]
+    mybackend = "mypackage.batchserve_plugin:PLUGIN"
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import import_module
+from importlib.metadata import entry_points
+from importlib.util import find_spec
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from batchserve.core.logs import get_logger
+
+if TYPE_CHECKING:
+    from batchserve.models.base import Backend
+    from batchserve.models.engine import Engine
+    from batchserve.models.registry import ModelSpec
+
+log = get_logger("batchserve.plugins")
+
+GROUP = "batchserve.backends"
+Kind = Literal["batch", "engine"]
+
+
+@dataclass(frozen=True)
+class BackendPlugin:
+    """What batchserve knows of a backend before loading it. ``loader`` is ``module:callable``
+    taking a :class:`ModelSpec`, imported only when a worker loads the model."""
+
+    name: str
+    kind: Kind
+    loader: str
+    holds_weights: bool = False
+    prepare: Callable[[ModelSpec], object] | None = None
+    tokenizer_dir: Callable[[ModelSpec], Path | None] | None = None
+    # The modules the backend imports, and the extra that installs them: the base install
+    # (API and control plane) has none of torch, transformers or vLLM.
+    requires: tuple[str, ...] = ()
+    extra: str | None = None
+
+    def missing(self) -> str | None:
+        """Why this backend cannot load here (a module it needs is not installed), else None."""
+        for module in self.requires:
+            if find_spec(module) is None:
+                install = f": pip install 'batchserve[{self.extra}]'" if self.extra else ""
+                return f"the {self.name} backend needs {module}{install}"
+        return None
+
+    def load(self, spec: ModelSpec) -> Backend | Engine:
+        module, _, attribute = self.loader.partition(":")
+        factory = getattr(import_module(module), attribute)
+        loaded: Backend | Engine = factory(spec)
+        return loaded
+
+
+def _prepare_hf(spec: ModelSpec) -> object:
+    from batchserve.models.hf import ensure_converted
+
+    return ensure_converted(spec)
+
+
+def _tokenizer_dir_hf(spec: ModelSpec) -> Path | None:
+    from batchserve.models.hf import tokenizer_dir
+
+    return tokenizer_dir(spec)
+
+
+FIXED = BackendPlugin("fixed", "batch", "batchserve.models.fixed:FixedBackend")
+FAULTY = BackendPlugin("faulty", "batch", "batchserve.models.faulty:FaultyBackend")
+TRANSFORMERS = BackendPlugin(
+    "transformers",
+    "engine",
+    "batchserve.models.transformers_engine:TransformersEngine",
+    holds_weights=True,
+    prepare=_prepare_hf,
+    tokenizer_dir=_tokenizer_dir_hf,
+    requires=("torch", "transformers"),
+    extra="transformers",
+)
+VLLM = BackendPlugin(
+    "vllm",
+    "engine",
+    "batchserve.models.vllm_engine:VllmEngine",
+    holds_weights=True,
+    prepare=_prepare_hf,
+    tokenizer_dir=_tokenizer_dir_hf,
+    requires=("vllm",),
+    extra="vllm",
+)
+# What an uninstalled source tree (no package metadata) still knows.
+_BUILT_IN = {p.name: p for p in (FIXED, FAULTY, TRANSFORMERS, VLLM)}
+
+
+@functools.cache
+def backends() -> dict[str, BackendPlugin]:
+    """Every installed backend by name: the entry points, over the built-in ones."""
+    found = dict(_BUILT_IN)
+    for point in entry_points(group=GROUP):
+        try:
+            plugin = point.load()
+        except Exception:  # a broken third-party plugin must not take the others down
+            log.exception("backend_plugin_unloadable", name=point.name)
+            continue
+        if not isinstance(plugin, BackendPlugin):
+            log.error("backend_plugin_invalid", name=point.name, value=repr(plugin))
+            continue
+        found[point.name] = plugin
+    return found
+
+
+def plugin_for(spec: ModelSpec) -> BackendPlugin:
+    return backend(spec.backend)
+
+
+def backend(name: str) -> BackendPlugin:
+    known = backends()
+    if name not in known:
+        raise ValueError(f"unknown backend {name!r}; installed: {', '.join(sorted(known))}")
+    return known[name]
+
+
+def is_engine(spec: ModelSpec) -> bool:
+    return plugin_for(spec).kind == "engine"

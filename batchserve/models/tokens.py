@@ -1,0 +1,80 @@
+"""Prompt token counts at admission: exact where the model has a tokenizer, else estimated.
+
+The API checks a prompt against the model's context before accepting it, so a request that can
+never run is refused at once (422 ``context_length_exceeded``) rather than failed by a worker.
+Tokenizers load in the background at start-up, from the model's tokenizer files alone (no torch,
+no transformers: ``batchserve/models/tokenizer_files.py``); until one is ready, counts are
+estimated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+from batchserve.core.logs import get_logger
+from batchserve.models.plugins import plugin_for
+from batchserve.models.registry import ModelSpec, Registry
+from batchserve.models.tokenizer_files import FileTokenizer
+
+log = get_logger("batchserve.tokens")
+
+# Prompts longer than this are counted off the event loop.
+_LONG_PROMPT_CHARS = 20_000
+
+
+def estimate_tokens(input_text: str | None, messages: list[dict[str, Any]] | None) -> int:
+    """About four characters a token, plus a little per chat message."""
+    if messages is not None:
+        chars = sum(len(str(m.get("content") or "")) + 16 for m in messages)
+    else:
+        chars = len(input_text or "")
+    return max(1, chars // 4)
+
+
+class PromptCounter:
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+        self._tokenizers: dict[str, FileTokenizer] = {}
+
+    def prewarm(self, retry_s: float = 10.0) -> None:
+        """Load the tokenizers of real models in a background thread: those whose files are on
+        disk now, and the others as soon as a worker has put them there (the API never
+        converts a model itself)."""
+        specs = [s for s in self._registry.specs() if plugin_for(s).tokenizer_dir is not None]
+        if specs:
+            thread = threading.Thread(target=self._load_all, args=(specs, retry_s), daemon=True)
+            thread.start()
+
+    def _load_all(self, specs: list[ModelSpec], retry_s: float) -> None:
+        waiting = list(specs)
+        while waiting:
+            for spec in list(waiting):
+                finder = plugin_for(spec).tokenizer_dir
+                path = finder(spec) if finder is not None else None
+                if path is None:
+                    continue
+                waiting.remove(spec)
+                try:
+                    self._tokenizers[spec.name] = FileTokenizer(path)
+                    log.info("tokenizer_ready", model=spec.name)
+                except Exception:  # admission falls back to estimates; the worker says more
+                    log.exception("tokenizer_unavailable", model=spec.name)
+            if waiting:
+                time.sleep(retry_s)
+
+    def exact(self, model: str) -> bool:
+        return model in self._tokenizers
+
+    async def count(
+        self, spec: ModelSpec, input_text: str | None, messages: list[dict[str, Any]] | None
+    ) -> int:
+        tokenizer = self._tokenizers.get(spec.name)
+        if tokenizer is None:
+            return estimate_tokens(input_text, messages)
+        size = len(input_text or "") + sum(len(str(m.get("content") or "")) for m in messages or [])
+        if size > _LONG_PROMPT_CHARS:
+            return len(await asyncio.to_thread(tokenizer.encode_prompt, input_text, messages))
+        return len(tokenizer.encode_prompt(input_text, messages))

@@ -1,0 +1,184 @@
+"""A local deployment of batchserve roles as real processes, started and stopped by pid.
+
+Used by ``batchserve chaos`` and by the end-to-end and chaos tests: each role is a child
+process (``python -m batchserve.cli <role>``) with its own log file, on one database, one
+queue and key namespace, and one API port.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Role:
+    name: str
+    argv: list[str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+@dataclass
+class Stack:
+    """A deployment of batchserve roles on its own database, queues and port."""
+
+    env: dict[str, str]
+    log_dir: Path
+    port: int = field(default_factory=free_port)
+    roles: dict[str, Role] = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict)  # tenant -> API key
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def make_key(self, tenant: str = "default", **quotas: Any) -> str:
+        """A new API key for ``tenant`` in this deployment's (migrated) database."""
+        from batchserve.cli.keys import create_key_blocking
+
+        return create_key_blocking(self.env["BATCHSERVE_DATABASE_URL"], tenant, **quotas)
+
+    def auth(self, tenant: str = "default") -> dict[str, str]:
+        """``Authorization`` for ``tenant``, one key per tenant made on first use."""
+        if tenant not in self.keys:
+            self.keys[tenant] = self.make_key(tenant)
+        return {"Authorization": f"Bearer {self.keys[tenant]}"}
+
+    def start(
+        self,
+        name: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        python: str | None = None,
+    ) -> Role:
+        """Start a role (``api``, ``batcher``, ``worker``, ``maintenance``) under ``name``,
+        with this interpreter or ``python`` (an engine's own environment).
+
+        Without ``args`` a known role restarts with the arguments it had."""
+        role = self.roles.get(name)
+        log_path = self.log_dir / f"{name.replace(':', '_')}.log"
+        if role is None or args:
+            role = Role(name, [python or sys.executable, "-m", "batchserve.cli", *args], log_path)
+            self.roles[name] = role
+        log = open(role.log_path, "ab")  # noqa: SIM115 - the child owns it
+        role.process = subprocess.Popen(
+            role.argv,
+            env={**self.env, **(env or {})},
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        return role
+
+    def start_api(self, name: str = "api", env: dict[str, str] | None = None) -> Role:
+        role = self.start(name, "api", "--host", "127.0.0.1", "--port", str(self.port), env=env)
+        self.wait_http()
+        return role
+
+    def start_all(self, models: dict[str, int]) -> None:
+        """API, batcher, maintenance and one worker per model with the given slots."""
+        self.start("batcher", "batcher")
+        self.start("maintenance", "maintenance")
+        for model, slots in models.items():
+            self.start(f"worker:{model}", "worker", "--model", model, "--slots", str(slots))
+        self.start_api()
+        for model, slots in models.items():
+            self.wait_slots(model, slots)
+
+    def wait_http(self, timeout_s: float = 30.0) -> None:
+        give_up = time.monotonic() + timeout_s
+        while time.monotonic() < give_up:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"the API did not come up; see {self.log_dir}")
+
+    def wait_slots(self, model: str, slots: int, timeout_s: float = 60.0) -> None:
+        """Wait until workers of ``model`` announce ``slots`` in total."""
+        client = redis.Redis.from_url(self.env["BATCHSERVE_REDIS_URL"])
+        prefix = self.env["BATCHSERVE_NAMESPACE"]
+        give_up = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < give_up:
+                live = client.zrangebyscore(f"{prefix}.workers.{model}", time.time(), "+inf")
+                names = [str(w, "utf-8") if isinstance(w, bytes) else str(w) for w in live]
+                values = client.hmget(f"{prefix}.worker_slots.{model}", names) if names else []
+                # A batch worker announces "slots", an engine worker "sequences/tokens".
+                announced = [v.decode() if isinstance(v, bytes) else str(v) for v in values if v]
+                if sum(int(v.partition("/")[0]) for v in announced) >= slots:
+                    return
+                time.sleep(0.1)
+        finally:
+            client.close()
+        raise RuntimeError(f"workers of {model} did not announce {slots} slot(s)")
+
+    def signal(self, name: str, sig: int) -> None:
+        os.kill(self.roles[name].pid, sig)
+
+    def kill(self, name: str) -> None:
+        role = self.roles[name]
+        if role.alive():
+            os.kill(role.pid, signal.SIGKILL)
+            assert role.process is not None
+            role.process.wait(timeout=10)
+
+    def stop(self, name: str, timeout_s: float = 20.0) -> None:
+        role = self.roles[name]
+        if not role.alive():
+            return
+        assert role.process is not None
+        role.process.send_signal(signal.SIGTERM)
+        try:
+            role.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            role.process.kill()
+            role.process.wait(timeout=10)
+
+    def child_pids(self, name: str) -> list[int]:
+        """Pids of a role's child processes (a Celery worker's pool)."""
+        out = subprocess.run(
+            ["pgrep", "-P", str(self.roles[name].pid)], capture_output=True, text=True, check=False
+        ).stdout
+        return [int(p) for p in out.split()]
+
+    def stop_all(self) -> None:
+        for name, role in self.roles.items():
+            if role.alive():
+                # A stopped (SIGSTOP) process must be continued to hear SIGTERM.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(role.pid, signal.SIGCONT)
+                self.stop(name, timeout_s=10)
+
+    def logs(self, name: str) -> str:
+        path = self.roles[name].log_path
+        return path.read_text(errors="replace") if path.exists() else ""

@@ -1,0 +1,141 @@
+"""Maintenance: reap expired leases, expire overdue requests, republish, prune old keys, and
+drive bulk jobs (``workers.jobs``) alongside.
+
+Every step is a conditional write, so several maintenance processes may run at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from batchserve.core.broker import RequestQueue
+from batchserve.core.domain import BatchClosed, BatchOutcome
+from batchserve.core.errors import Unavailable
+from batchserve.core.events import EventBus
+from batchserve.core.logs import get_logger
+from batchserve.core.store import JobStore
+from batchserve.workers.jobs import JobDriver
+
+log = get_logger("batchserve.maintenance")
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceConfig:
+    tick_s: float = 0.5
+    republish_after_s: float = 5.0
+    republish_every_s: float = 2.0
+    idempotency_retention_s: float = 86_400.0
+    prune_every_s: float = 3_600.0
+
+
+@dataclass(slots=True)
+class TickReport:
+    reaped_batches: int = 0
+    requeued: int = 0
+    expired: int = 0
+    republished: int = 0
+    pruned: int = 0
+
+
+class Maintenance:
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        queue: RequestQueue,
+        events: EventBus,
+        config: MaintenanceConfig | None = None,
+        jobs: JobDriver | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._jobs = jobs
+        self._queue = queue
+        self._events = events
+        self.config = config or MaintenanceConfig()
+        self._clock = clock
+        self._last_republish = 0.0
+        self._last_prune = 0.0
+
+    async def run(self) -> None:
+        log.info("maintenance_started", tick_s=round(self.config.tick_s, 2))
+        # Ingest and output files take seconds: the job driver runs beside the tick, not in it,
+        # so a long ingest never delays lease reaping.
+        driver = asyncio.create_task(self._jobs.run()) if self._jobs is not None else None
+        try:
+            await self._loop()
+        finally:
+            if driver is not None:
+                driver.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await driver
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                report = await self.tick(self._clock())
+                if report.reaped_batches or report.expired or report.republished:
+                    log.info(
+                        "maintenance_tick",
+                        reaped_batches=report.reaped_batches,
+                        requeued=report.requeued,
+                        expired=report.expired,
+                        republished=report.republished,
+                    )
+            except Unavailable as error:
+                log.warning("maintenance_backoff", error=error)
+            except Exception:
+                log.exception("maintenance_tick_failed")
+            await asyncio.sleep(self.config.tick_s)
+
+    async def tick(self, now: float) -> TickReport:
+        report = TickReport()
+        await self.reap(now, report)
+        report.expired = len(await self._store.expire_overdue(now))
+        if now - self._last_republish >= self.config.republish_every_s:
+            self._last_republish = now
+            await self.republish(now, report)
+        if now - self._last_prune >= self.config.prune_every_s:
+            self._last_prune = now
+            report.pruned = await self._store.prune_idempotency(
+                now - self.config.idempotency_retention_s
+            )
+        return report
+
+    async def reap(self, now: float, report: TickReport) -> None:
+        for lease in await self._store.expired_leases(now):
+            outcome = BatchOutcome.CRASHED if lease.started else BatchOutcome.ABANDONED
+            reaped = await self._store.reap_batch(lease.batch_id, now=now, outcome=outcome)
+            log.warning(
+                "batch_reaped",
+                batch_id=lease.batch_id,
+                model=lease.model,
+                outcome=outcome.value,
+                requeued=len(reaped.requeued),
+                ended=len(reaped.ended),
+            )
+            report.reaped_batches += 1
+            report.requeued += len(reaped.requeued)
+            if reaped.requeued:
+                try:
+                    await self._queue.publish(reaped.requeued)
+                    await self._store.mark_published([m.id for m in reaped.requeued])
+                except Unavailable as error:
+                    log.warning("requeue_publish_failed", error=error, note="will republish")
+            await self._events.publish(
+                BatchClosed(model=lease.model, batch_id=str(lease.batch_id), outcome=outcome.value)
+            )
+
+    async def republish(self, now: float, report: TickReport) -> None:
+        """Publish requests committed but never confirmed on the broker."""
+        messages = await self._store.unpublished(now - self.config.republish_after_s)
+        if not messages:
+            return
+        await self._queue.publish(messages)
+        await self._store.mark_published([m.id for m in messages], now=now)
+        report.republished = len(messages)
+        log.warning("republished", count=len(messages))

@@ -1,0 +1,121 @@
+"""Per-process worker state: an event loop, store, event bus, queue and the loaded model.
+
+Built once in each worker process (after the fork, so no connection is shared across
+processes) and reused by every batch that process runs. The event loop runs in a thread of its
+own: a Celery task returns as soon as its model is through, so the pool hands the process its
+next batch at once, while the loop goes on writing the results of the last one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import socket
+import threading
+from typing import Any
+
+from batchserve.core.broker import RabbitRequestQueue
+from batchserve.core.db import create_engine
+from batchserve.core.domain import BatchMessage
+from batchserve.core.events import RedisEventBus
+from batchserve.core.logs import bind, get_logger
+from batchserve.core.loops import new_event_loop
+from batchserve.core.settings import Settings
+from batchserve.core.store import JobStore
+from batchserve.core.wiring import redis_token_log, store_hook
+from batchserve.models.loader import load_backend
+from batchserve.models.registry import ModelSpec
+from batchserve.workers.gate import SlotGate
+from batchserve.workers.runner import BatchRunner
+
+log = get_logger("batchserve.worker")
+
+
+def worker_id(model: str) -> str:
+    return f"{model}@{socket.gethostname()}:{os.getpid()}"
+
+
+class WorkerRuntime:
+    def __init__(self, settings: Settings, spec: ModelSpec, gate: SlotGate | None = None) -> None:
+        assert settings.redis_url and settings.broker_url
+        self.gate = gate
+        self.loop = new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="worker-loop", daemon=True
+        )
+        self._thread.start()
+        self._pending: set[concurrent.futures.Future[None]] = set()
+        self.engine = create_engine(settings.effective_database_url, pool_size=2)
+        self.events = RedisEventBus(settings.redis_url, settings.name("events"))
+        self.tokens = redis_token_log(settings)
+        self.store = JobStore(
+            self.engine,
+            max_failures=settings.max_failures,
+            on_change=store_hook(self.events, self.tokens),
+        )
+        self.queue = RabbitRequestQueue(settings.broker_url, settings.namespace)
+        self.backend = load_backend(spec)
+        self.runner = BatchRunner(
+            store=self.store,
+            events=self.events,
+            queue=self.queue,
+            backend=self.backend,
+            worker_id=worker_id(spec.name),
+            lease_s=settings.lease_s,
+            tokens=self.tokens,
+        )
+        log.info("worker_process_ready", model=spec.name)
+
+    def run(self, payload: dict[str, Any]) -> None:
+        """Take the lease (on the loop), run the model in this, the Celery task's, thread and
+        return as soon as it is through: the loop writes the results while the next batch runs."""
+        message = BatchMessage.from_dict(payload)
+        # The coroutines handed to the loop copy this thread's context: their logs carry these.
+        with bind(batch_id=message.batch_id, model=message.model):
+            opening = asyncio.run_coroutine_threadsafe(self.runner.open(message), self.loop)
+            batch = opening.result()
+            if batch.isolating:
+                # A suspect of crashing this process: let the results of the batches before
+                # it land first, so a crash costs no innocent batch its finished work.
+                self.drain()
+            output = None
+            if batch.ours:
+                # With standby processes the lease was taken while the slot's other process
+                # still ran its model: wait here for it to finish.
+                with self.gate.running() if self.gate is not None else contextlib.nullcontext():
+                    output = batch.run_model()
+            future = asyncio.run_coroutine_threadsafe(batch.conclude(output), self.loop)
+        self._pending.add(future)
+        future.add_done_callback(self._finished)
+
+    def _finished(self, future: concurrent.futures.Future[None]) -> None:
+        self._pending.discard(future)
+        if not future.cancelled() and (error := future.exception()) is not None:
+            log.error(
+                "batch_write_failed", error=error, note="the lease will run out; it runs again"
+            )
+
+    def drain(self, timeout_s: float = 30.0) -> None:
+        """Let the results still being written land before the process exits."""
+        concurrent.futures.wait(list(self._pending), timeout=timeout_s)
+        flushing = asyncio.run_coroutine_threadsafe(self.tokens.flush(), self.loop)
+        with contextlib.suppress(Exception):
+            flushing.result(timeout=2.0)
+
+
+class RuntimeHolder:
+    """Where the worker command leaves its settings for the pool processes it forks."""
+
+    settings: Settings | None = None
+    spec: ModelSpec | None = None
+    gate: SlotGate | None = None
+    runtime: WorkerRuntime | None = None
+
+    @classmethod
+    def get(cls) -> WorkerRuntime:
+        if cls.runtime is None:
+            assert cls.settings is not None and cls.spec is not None, "worker not configured"
+            cls.runtime = WorkerRuntime(cls.settings, cls.spec, cls.gate)
+        return cls.runtime

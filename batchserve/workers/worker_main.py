@@ -1,0 +1,148 @@
+"""``batchserve worker --model NAME``: a Celery worker whose slots run one batch each."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from celery import signals
+
+from batchserve.core.logs import get_logger
+from batchserve.core.metrics import (
+    enable_multiprocess,
+    mark_process_dead,
+    multiprocess_dir,
+    remove_multiprocess_dir,
+    serve_exporter,
+)
+from batchserve.core.settings import Settings
+from batchserve.core.slots import SlotRegistration
+from batchserve.models.plugins import plugin_for
+from batchserve.models.registry import ModelSpec
+from batchserve.workers.celery_app import RUN_BATCH_TASK, batches_queue_name, create_celery
+from batchserve.workers.gate import SlotGate
+from batchserve.workers.runtime import RuntimeHolder
+
+log = get_logger("batchserve.worker")
+
+
+def _run_batch(payload: dict[str, Any]) -> None:
+    RuntimeHolder.get().run(payload)
+
+
+class _Heartbeat:
+    """Announces this worker's slots to the batcher until the worker stops."""
+
+    def __init__(self, settings: Settings, spec: ModelSpec, slots: int) -> None:
+        assert settings.redis_url
+        worker = f"{spec.name}@{socket.gethostname()}:{os.getpid()}"
+        self._registration = SlotRegistration(
+            settings.redis_url, settings.key_prefix, spec.name, worker, slots
+        )
+        self._period_s = settings.worker_heartbeat_s
+        self._ttl_s = settings.worker_ttl_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="slot-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._registration.beat(self._ttl_s)
+            self._stop.wait(self._period_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():  # a beat in flight must not re-announce after withdrawal
+            self._thread.join(timeout=2.0)
+        self._registration.withdraw()
+
+
+def _serve_pool_metrics(settings: Settings) -> Path | None:
+    """The pool's batches run in child processes: they write their metrics to files in a
+    directory of this worker's, and this process serves them merged."""
+    if settings.metrics_port is None:
+        return None
+    directory = multiprocess_dir("worker")
+    enable_multiprocess(directory)
+    serve_exporter(settings.metrics_port, settings.metrics_host, "worker", directory=directory)
+    return directory
+
+
+def standby_enabled(settings: Settings, spec: ModelSpec) -> bool:
+    if settings.worker_standby == "auto":
+        return not plugin_for(spec).holds_weights
+    return settings.worker_standby == "on"
+
+
+def run_worker(settings: Settings, spec: ModelSpec, *, slots: int, loglevel: str = "INFO") -> None:
+    plugin = plugin_for(spec)
+    if plugin.prepare is not None:
+        # Once, here, before any pool forks or engine loads (e.g. converting the weights).
+        plugin.prepare(spec)
+    if plugin.kind == "engine":
+        from batchserve.workers.engine_worker import run_engine_worker
+
+        run_engine_worker(settings, spec, loglevel=loglevel)
+        return
+    metrics_dir = _serve_pool_metrics(settings)
+    app = create_celery(settings, [spec.name])
+    app.task(name=RUN_BATCH_TASK, acks_late=True)(_run_batch)
+    RuntimeHolder.settings = settings
+    RuntimeHolder.spec = spec
+    # The batcher sees ``slots``; with standby processes the pool has twice as many, and the
+    # gate lets ``slots`` of them run a model at once.
+    standby = standby_enabled(settings, spec)
+    gate_dir = Path(tempfile.mkdtemp(prefix="batchserve-gate-")) if standby else None
+    RuntimeHolder.gate = SlotGate.create(gate_dir, slots) if gate_dir is not None else None
+    heartbeat = _Heartbeat(settings, spec, slots)
+
+    @signals.worker_process_init.connect(weak=False)
+    def _init_process(**_: Any) -> None:
+        RuntimeHolder.runtime = None  # never reuse the parent's loop or connections
+        RuntimeHolder.get()
+
+    @signals.worker_ready.connect(weak=False)
+    def _ready(**_: Any) -> None:
+        heartbeat.start()
+        log.info("worker_ready", model=spec.name, slots=slots, standby=standby)
+
+    @signals.worker_process_shutdown.connect(weak=False)
+    def _drain_process(**_: Any) -> None:
+        if RuntimeHolder.runtime is not None:
+            RuntimeHolder.runtime.drain()
+        mark_process_dead(os.getpid())
+
+    @signals.worker_shutting_down.connect(weak=False)
+    def _stopping(**_: Any) -> None:
+        # SIGTERM: the running batches finish (Celery's warm shutdown) but the batcher must
+        # send no more here, so the slots go at once.
+        log.info("worker_draining", model=spec.name)
+        heartbeat.stop()
+
+    @signals.worker_shutdown.connect(weak=False)
+    def _shutdown(**_: Any) -> None:
+        heartbeat.stop()
+        if metrics_dir is not None:
+            remove_multiprocess_dir(metrics_dir)
+        if gate_dir is not None:
+            shutil.rmtree(gate_dir, ignore_errors=True)
+
+    worker = app.Worker(
+        hostname=f"{spec.name}@{socket.gethostname()}.{os.getpid()}",
+        queues=[batches_queue_name(settings, spec.name)],
+        concurrency=2 * slots if standby else slots,
+        pool="prefork",
+        loglevel=loglevel,
+        without_gossip=True,
+        without_mingle=True,
+        without_heartbeat=True,
+        optimization="fair",
+    )
+    worker.start()

@@ -1,0 +1,145 @@
+"""What a user installs: the wheel holds one top-level package, the base install brings no torch
+(nor the benchmarks' libraries) and serves the API, and no role process imports the tooling."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from batchserve.testing.deployment import ROOT, free_port
+
+HEAVY = {"torch", "transformers", "vllm", "accelerate", "matplotlib", "aiohttp"}
+TOOLING = ("matplotlib", "aiohttp", "batchserve.bench", "batchserve.testing")
+ECHO_ONLY = '[models.echo-100ms]\nbackend = "fixed"\nbatch_time_ms = 100\nmax_batch_size = 32\n'
+
+
+def _run(*args: str | Path, timeout: float = 900) -> str:
+    done = subprocess.run(
+        [str(a) for a in args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+@contextlib.contextmanager
+def _serving(command: list[str], home: Path, **extra: str) -> Iterator[tuple[str, str, Path]]:
+    """``serve`` embedded in ``home``, as a newcomer would run it; yields its URL, the first
+    API key it printed and its log."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHSERVE_")}
+    env.update(BATCHSERVE_HOME=str(home), **extra)
+    port = free_port()
+    log_path = home / "serve.log"
+    home.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            [*command, "serve", "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            cwd=home,  # not the source tree: only what was installed is importable
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        give_up = time.monotonic() + 120
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            assert process.poll() is None, log_path.read_text()
+            assert time.monotonic() < give_up, "the server did not come up"
+            time.sleep(0.2)
+        found = re.search(r"export BATCHSERVE_API_KEY=(\S+)", log_path.read_text())
+        assert found, log_path.read_text()
+        yield url, found.group(1), log_path
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _echo_round_trip(url: str, key: str) -> None:
+    headers = {"Authorization": f"Bearer {key}"}
+    made = httpx.post(
+        f"{url}/v1/requests",
+        json={"model": "echo-100ms", "input": "light"},
+        headers=headers,
+        timeout=10,
+    )
+    assert made.status_code == 202, made.text
+    done = httpx.get(
+        f"{url}/v1/requests/{made.json()['id']}", params={"wait": 20}, headers=headers, timeout=30
+    ).json()
+    assert done["status"] == "succeeded", done
+    assert done["output"]["text"] == "light"
+
+
+def _imported(log: Path) -> set[str]:
+    """The modules a process imported, from its ``PYTHONPROFILEIMPORTTIME`` lines."""
+    names = set()
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("import time:") and "|" in line:
+            names.add(line.rsplit("|", 1)[1].strip())
+    assert names, "no import-time lines in the log"
+    return names
+
+
+@pytest.mark.timeout(1200)
+def test_the_base_install_has_no_torch_and_serves_the_api(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", dist, ROOT)
+    (wheel,) = dist.glob("batchserve-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        top = {name.split("/")[0] for name in archive.namelist()}
+    assert {t for t in top if not t.endswith(".dist-info")} == {"batchserve"}
+
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", venv)
+    _run(venv / "bin" / "pip", "install", "-q", wheel)
+    installed = {
+        p["name"].lower() for p in json.loads(_run(venv / "bin" / "pip", "list", "--format=json"))
+    }
+    assert "batchserve" in installed and "tokenizers" in installed
+    assert not HEAVY & installed, HEAVY & installed
+
+    # The built-in registry names smollm2-135m too: this install says it cannot serve it and
+    # serves the echo model.
+    with _serving([str(venv / "bin" / "batchserve")], tmp_path / "home") as (url, key, log):
+        _echo_round_trip(url, key)
+        models = httpx.get(
+            f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10
+        ).json()
+        assert [m["id"] for m in models["data"]] == ["echo-100ms"]
+    text = log.read_text()
+    assert "not serving smollm2-135m: the transformers backend needs torch" in text
+    assert "pip install 'batchserve[transformers]'" in text
+
+
+def test_no_role_imports_the_tooling(tmp_path: Path) -> None:
+    """Every role runs in the embedded server's one process: none of them loads matplotlib,
+    aiohttp, the benchmarks or the test harness, though all are installed here."""
+    registry = tmp_path / "models.toml"
+    registry.write_text(ECHO_ONLY)
+    command = [sys.executable, "-m", "batchserve.cli"]
+    with _serving(
+        command, tmp_path / "home", BATCHSERVE_MODELS=str(registry), PYTHONPROFILEIMPORTTIME="1"
+    ) as (url, key, log):
+        _echo_round_trip(url, key)
+    imported = _imported(log)
+    assert "batchserve.api.main" in imported and "batchserve.workers.maintenance" in imported
+    loaded = sorted(m for m in imported if m.split(".")[0] in TOOLING or m.startswith(TOOLING))
+    assert not loaded, loaded
