@@ -80,7 +80,6 @@ class _Entry:
 
 @dataclass(frozen=True, slots=True)
 class BatcherConfig:
-    lease_s: float = 2.0
     dispatch_grace_s: float = 5.0
     interactive_prefetch: int = 1024
     bulk_prefetch: int = 256

@@ -24,7 +24,7 @@ log = get_logger("batchserve")
 
 
 def batcher_config(settings: Settings) -> BatcherConfig:
-    return BatcherConfig(lease_s=settings.lease_s, dispatch_grace_s=settings.dispatch_grace_s)
+    return BatcherConfig(dispatch_grace_s=settings.dispatch_grace_s)
 
 
 def maintenance_config(settings: Settings) -> MaintenanceConfig:

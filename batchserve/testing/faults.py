@@ -111,10 +111,6 @@ def restart_rabbitmq() -> None:
     start_rabbitmq()
 
 
-def kill_role(stack: Stack, name: str) -> None:
-    stack.kill(name)
-
-
 def kill_worker_child(stack: Stack, name: str) -> int | None:
     """SIGKILL one pool process of a Celery worker (the one running a batch, if any)."""
     children = stack.child_pids(name)

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -100,8 +101,11 @@ def _imported(log: Path) -> set[str]:
 
 @pytest.mark.timeout(1200)
 def test_the_base_install_has_no_torch_and_serves_the_api(tmp_path: Path) -> None:
+    # Built from a copy: setuptools leaves a build/ folder beside the sources it builds.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".*", "build", "*.egg-info"))
     dist = tmp_path / "dist"
-    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", dist, ROOT)
+    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", dist, source)
     (wheel,) = dist.glob("batchserve-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         top = {name.split("/")[0] for name in archive.namelist()}
