@@ -61,7 +61,7 @@ run-embedded: install
 test: install vllm-env services
 	$(BIN)/ruff check .
 	$(BIN)/mypy .
-	$(BIN)/pytest -q -rs
+	$(BIN)/pytest -q -rs --durations=25
 
 lint: install
 	$(BIN)/ruff check .

@@ -171,13 +171,24 @@ class Stack:
         ).stdout
         return [int(p) for p in out.split()]
 
-    def stop_all(self) -> None:
-        for name, role in self.roles.items():
-            if role.alive():
+    def stop_all(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM every live role at once, then wait for them together (each role's graceful
+        stop takes up to seconds: one after another, a deployment took that many times longer),
+        and SIGKILL whatever is left at the deadline."""
+        live = [role for role in self.roles.values() if role.alive()]
+        for role in live:
+            with contextlib.suppress(ProcessLookupError):
                 # A stopped (SIGSTOP) process must be continued to hear SIGTERM.
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(role.pid, signal.SIGCONT)
-                self.stop(name, timeout_s=10)
+                os.kill(role.pid, signal.SIGCONT)
+                os.kill(role.pid, signal.SIGTERM)
+        give_up = time.monotonic() + timeout_s
+        for role in live:
+            assert role.process is not None
+            try:
+                role.process.wait(timeout=max(0.1, give_up - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                role.process.kill()
+                role.process.wait(timeout=10)
 
     def logs(self, name: str) -> str:
         path = self.roles[name].log_path
