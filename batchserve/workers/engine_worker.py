@@ -35,12 +35,9 @@ from batchserve.models.loader import load_engine
 from batchserve.models.registry import ModelSpec
 from batchserve.workers.celery_app import RUN_BATCH_TASK, batches_queue_name, create_celery
 from batchserve.workers.engine_runner import EngineRunner, EngineRunnerConfig
+from batchserve.workers.runtime import worker_id
 
 log = get_logger("batchserve.worker")
-
-
-def engine_worker_id(model: str) -> str:
-    return f"{model}@{socket.gethostname()}:{os.getpid()}"
 
 
 def stall_limit_s(runner: EngineRunner) -> float:
@@ -70,7 +67,7 @@ class EngineWorker:
             engine=engine,
             model=spec.name,
             max_new_tokens=spec.max_new_tokens,
-            worker_id=engine_worker_id(spec.name),
+            worker_id=worker_id(spec.name),
             config=EngineRunnerConfig(lease_s=settings.lease_s),
             on_stalled=self._stalled,
             tokens=self.adapters.tokens,

@@ -1,4 +1,5 @@
-"""Per-process worker state: an event loop, store, event bus, queue and the loaded model.
+"""Per-process worker state: an event loop, the adapters every role connects (store, event bus,
+queue, token log: ``batchserve/core/wiring.py``) and the loaded model.
 
 Built once in each worker process (after the fork, so no connection is shared across
 processes) and reused by every batch that process runs. The event loop runs in a thread of its
@@ -16,15 +17,11 @@ import socket
 import threading
 from typing import Any
 
-from batchserve.core.broker import RabbitRequestQueue
-from batchserve.core.db import create_engine
 from batchserve.core.domain import BatchMessage
-from batchserve.core.events import RedisEventBus
 from batchserve.core.logs import bind, get_logger
 from batchserve.core.loops import new_event_loop
 from batchserve.core.settings import Settings
-from batchserve.core.store import JobStore
-from batchserve.core.wiring import redis_token_log, store_hook
+from batchserve.core.wiring import Adapters, connect
 from batchserve.models.loader import load_backend
 from batchserve.models.registry import ModelSpec
 from batchserve.workers.gate import SlotGate
@@ -47,15 +44,12 @@ class WorkerRuntime:
         )
         self._thread.start()
         self._pending: set[concurrent.futures.Future[None]] = set()
-        self.engine = create_engine(settings.effective_database_url, pool_size=2)
-        self.events = RedisEventBus(settings.redis_url, settings.name("events"))
-        self.tokens = redis_token_log(settings)
-        self.store = JobStore(
-            self.engine,
-            max_failures=settings.max_failures,
-            on_change=store_hook(self.events, self.tokens),
-        )
-        self.queue = RabbitRequestQueue(settings.broker_url, settings.namespace)
+        # The same wiring as every other role, built on this process's loop.
+        self.adapters: Adapters = asyncio.run_coroutine_threadsafe(
+            _connect(settings), self.loop
+        ).result()
+        self.store, self.events = self.adapters.store, self.adapters.events
+        self.queue, self.tokens = self.adapters.queue, self.adapters.tokens
         self.backend = load_backend(spec)
         self.runner = BatchRunner(
             store=self.store,
@@ -103,6 +97,10 @@ class WorkerRuntime:
         flushing = asyncio.run_coroutine_threadsafe(self.tokens.flush(), self.loop)
         with contextlib.suppress(Exception):
             flushing.result(timeout=2.0)
+
+
+async def _connect(settings: Settings) -> Adapters:
+    return connect(settings, pool_size=2)
 
 
 class RuntimeHolder:
