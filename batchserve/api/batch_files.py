@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from batchserve.api.openai_errors import error_body, failure_of, status_of
 from batchserve.api.openai_schemas import chat_completion, text_completion
+from batchserve.api.statuses import error_body, failure_of, status_of
 from batchserve.core.bulk import Endpoint, JobCounts, JobLine, JobStatus, RenderedFiles
 from batchserve.core.domain import RequestRecord, RequestState
 

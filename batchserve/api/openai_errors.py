@@ -19,12 +19,10 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from batchserve.api.openai_schemas import openai_field, openai_param
-from batchserve.api.problems import status_for
 from batchserve.api.responses import JSON
-from batchserve.core.domain import ErrorCode, RequestRecord, RequestState
+from batchserve.api.statuses import error_body, status_of
 from batchserve.core.errors import (
     BatchserveError,
-    IdempotencyConflict,
     InvalidInput,
     ModelNotFound,
     Overloaded,
@@ -38,14 +36,6 @@ from batchserve.core.logs import get_logger
 log = get_logger("batchserve.api")
 
 ERROR_FORMAT = "x-batchserve-error-format"
-TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    404: "invalid_request_error",
-    409: "invalid_request_error",
-}
-TYPES |= {413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error"}
-CLIENT_FAULTS = (ErrorCode.CONTEXT_LENGTH_EXCEEDED.value,)
 
 
 def openai_error(
@@ -57,32 +47,6 @@ def openai_error(
     headers: dict[str, str] | None = None,
 ) -> JSON:
     return JSON(error_body(status, message, code, param), status_code=status, headers=headers)
-
-
-def error_body(status: int, message: str, code: str | None, param: str | None) -> dict[str, Any]:
-    type_ = TYPES.get(status, "server_error")
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
-def status_of(error: BatchserveError) -> int:
-    """The HTTP status of a domain error on an OpenAI route."""
-    if isinstance(error, InvalidInput | IdempotencyConflict):
-        return 400
-    if isinstance(error, RequestFailed):
-        if error.state == RequestState.EXPIRED.value:
-            return 504
-        if error.state == RequestState.CANCELLED.value:
-            return 409
-        return 400 if error.error_code in CLIENT_FAULTS else 500
-    if isinstance(error, WaitTimedOut):
-        return 504
-    return status_for(error)
-
-
-def failure_of(record: RequestRecord) -> RequestFailed:
-    """Why a finished request has no answer, as the error a synchronous caller gets."""
-    message = record.error_message or f"the request {record.state.value}"
-    return RequestFailed(message, error_code=record.error_code, state=record.state.value)
 
 
 def error_response(error: BatchserveError) -> JSON:

@@ -19,9 +19,9 @@ from typing import Any
 
 import orjson
 
-from batchserve.api.openai_errors import error_body, failure_of, status_of
 from batchserve.api.openai_schemas import finish_reason, usage
 from batchserve.api.services import ApiServices
+from batchserve.api.statuses import error_body, failure_of, status_of
 from batchserve.api.streams import DELTA_EVENT, RESET, follow
 from batchserve.core.domain import RequestRecord, RequestState, to_epoch
 

@@ -14,17 +14,12 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from batchserve.api.responses import JSON
+from batchserve.api.statuses import status_for
 from batchserve.core.errors import (
-    AlreadyExists,
     BatchserveError,
-    IdempotencyConflict,
-    IdempotencyInProgress,
     InvalidInput,
-    InvalidTransition,
     ModelNotFound,
-    NotFound,
     Overloaded,
-    QuotaExceeded,
     Unauthorized,
     Unavailable,
 )
@@ -33,20 +28,6 @@ from batchserve.core.logs import get_logger
 log = get_logger("batchserve.api")
 
 PROBLEM_JSON = "application/problem+json"
-
-STATUS_BY_ERROR: list[tuple[type[BatchserveError], int]] = [
-    (Unauthorized, 401),
-    (ModelNotFound, 404),
-    (NotFound, 404),
-    (InvalidInput, 422),
-    (IdempotencyConflict, 422),
-    (IdempotencyInProgress, 409),
-    (InvalidTransition, 409),
-    (AlreadyExists, 409),
-    (QuotaExceeded, 429),
-    (Overloaded, 503),
-    (Unavailable, 503),
-]
 
 TITLES = {
     400: "Bad request",
@@ -86,13 +67,6 @@ def problem(
         body["errors"] = errors
     body.update({k: v for k, v in extra.items() if v is not None})
     return JSON(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
-
-
-def status_for(error: BatchserveError) -> int:
-    for kind, status in STATUS_BY_ERROR:
-        if isinstance(error, kind):
-            return status
-    return 500
 
 
 def _batchserve_error(request: Request, error: BatchserveError) -> Response:

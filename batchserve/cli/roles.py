@@ -7,8 +7,6 @@ import contextlib
 import signal
 from collections.abc import Awaitable, Callable
 
-import uvicorn
-
 from batchserve.batching.batcher import BatcherConfig, ModelBatcher
 from batchserve.core.logs import get_logger
 from batchserve.core.metrics import serve_role_metrics
@@ -129,6 +127,8 @@ async def run_maintenance(settings: Settings) -> None:
 
 
 def run_api(settings: Settings, host: str, port: int) -> None:
+    import uvicorn
+
     from batchserve.api.main import create_app
 
     config = uvicorn.Config(

@@ -147,3 +147,30 @@ def test_no_role_imports_the_tooling(tmp_path: Path) -> None:
     assert "batchserve.api.main" in imported and "batchserve.workers.maintenance" in imported
     loaded = sorted(m for m in imported if m.split(".")[0] in TOOLING or m.startswith(TOOLING))
     assert not loaded, loaded
+
+
+def test_the_roles_beside_the_api_load_no_web_framework() -> None:
+    """The batcher, worker, maintenance and webhooks processes import no FastAPI (nor the
+    benchmarks): they share the API's wire formats, not its framework."""
+    roles = (
+        "batchserve.cli.main",
+        "batchserve.cli.roles",
+        "batchserve.cli.webhooks_role",
+        "batchserve.batching.batcher",
+        "batchserve.workers.maintenance",
+        "batchserve.workers.jobs",
+        "batchserve.workers.worker_main",
+        "batchserve.workers.engine_worker",
+        "batchserve.workers.webhooks.delivery",
+    )
+    probe = (
+        "import importlib, sys\n"
+        f"for name in {roles!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('fastapi', 'uvicorn',"
+        " 'matplotlib', 'aiohttp') or m.startswith(('batchserve.bench', 'batchserve.testing'))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -21,7 +21,7 @@ from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from batchserve.api.deps import Caller, Services, get_caller
 from batchserve.api.gate import admit
-from batchserve.api.openai_errors import OpenAIRoute, error_body, failure_of, status_of
+from batchserve.api.openai_errors import OpenAIRoute
 from batchserve.api.openai_schemas import (
     ChatBody,
     CompletionBody,
@@ -34,6 +34,7 @@ from batchserve.api.polling import long_poll
 from batchserve.api.responses import JSON
 from batchserve.api.schemas import SubmitRequest
 from batchserve.api.services import ApiServices
+from batchserve.api.statuses import error_body, failure_of, status_of
 from batchserve.api.streams import PING_S
 from batchserve.api.submission import build_command, exact_prompt_tokens
 from batchserve.core.domain import RequestRecord, RequestState, utcnow
