@@ -27,6 +27,7 @@ from batchserve.core.errors import (
     InvalidTransition,
     NotFound,
 )
+from batchserve.core.lifecycle import Cause
 from batchserve.core.records import (
     MESSAGE_COLUMNS,
     RECORD_COLUMNS,
@@ -40,7 +41,6 @@ from batchserve.core.store.base import (
     S,
     StoreBase,
     advisory_key,
-    expire_stmt,
     requests_t,
 )
 
@@ -242,34 +242,21 @@ class RequestVerbs(StoreBase):
     ) -> RequestRecord:
         """Cancel a queued or running request; its late result, if any, is discarded."""
         now = now or time.time()
-        now_dt = from_epoch(now)
         async with transaction(self.engine) as conn:
-            row = (
-                (
-                    await conn.execute(
-                        update(requests_t)
-                        .where(
-                            requests_t.c.id == request_id,
-                            requests_t.c.tenant == tenant,
-                            requests_t.c.state.in_([S.QUEUED.value, S.RUNNING.value]),
-                        )
-                        .values(
-                            state=S.CANCELLED.value,
-                            error_code=ErrorCode.CANCELLED.value,
-                            error_message="cancelled by the caller",
-                            finished_at=now_dt,
-                        )
-                        .returning(*RECORD_COLUMNS)
-                    )
-                )
-                .mappings()
-                .first()
+            ended = await self._end(
+                conn,
+                Cause.CANCEL,
+                S.CANCELLED,
+                requests_t.c.id == request_id,
+                requests_t.c.tenant == tenant,
+                now=now,
+                code=ErrorCode.CANCELLED.value,
+                message="cancelled by the caller",
+                returning=RECORD_COLUMNS,
             )
-            if row is not None:
-                await self._log_terminal(conn, [str(request_id)], S.CANCELLED, now)
-        if row is not None:
-            record = row_record(row)
-            await self._emit(S.CANCELLED, [str(request_id)], model=record.model)
+        if ended.rows:
+            record = row_record(ended.rows[0])
+            await self._notify(ended, model=record.model)
             return record
         current = await self.get(request_id, tenant)
         if current is None:
@@ -282,16 +269,11 @@ class RequestVerbs(StoreBase):
         """Expire queued requests the batcher found unable to meet their deadline."""
         if not request_ids:
             return []
+        ids = [uuid.UUID(i) for i in request_ids]
         async with transaction(self.engine) as conn:
-            rows = await conn.execute(
-                expire_stmt(now, reason)
-                .where(requests_t.c.id.in_([uuid.UUID(i) for i in request_ids]))
-                .returning(requests_t.c.id)
-            )
-            expired = [str(r[0]) for r in rows]
-            await self._log_terminal(conn, expired, S.EXPIRED, now)
-        await self._emit(S.EXPIRED, expired)
-        return expired
+            ended = await self._expire(conn, requests_t.c.id.in_(ids), now=now, reason=reason)
+        await self._notify(ended)
+        return list(ended.ids)
 
     async def expire_overdue(self, now: float, limit: int = 1000) -> list[str]:
         """Expire queued requests whose deadline has passed (maintenance)."""
@@ -303,15 +285,14 @@ class RequestVerbs(StoreBase):
         if self._postgres:
             overdue = overdue.with_for_update(skip_locked=True)
         async with transaction(self.engine) as conn:
-            rows = await conn.execute(
-                expire_stmt(now, "deadline passed before the request could run")
-                .where(requests_t.c.id.in_(overdue.scalar_subquery()))
-                .returning(requests_t.c.id)
+            ended = await self._expire(
+                conn,
+                requests_t.c.id.in_(overdue.scalar_subquery()),
+                now=now,
+                reason="deadline passed before the request could run",
             )
-            expired = [str(r[0]) for r in rows]
-            await self._log_terminal(conn, expired, S.EXPIRED, now)
-        await self._emit(S.EXPIRED, expired)
-        return expired
+        await self._notify(ended)
+        return list(ended.ids)
 
     async def unpublished(self, older_than: float, limit: int = 1000) -> list[QueueMessage]:
         """Queued requests committed but never confirmed on the broker (maintenance)."""
