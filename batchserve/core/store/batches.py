@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from typing import Any
 
 from sqlalchemy import bindparam, case, func, insert, literal, select, text, tuple_, update
@@ -11,10 +12,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from batchserve.core import lifecycle
 from batchserve.core.db import autocommit, transaction
-from batchserve.core.domain import BatchOutcome, ErrorCode, from_epoch
+from batchserve.core.domain import BatchOutcome, ErrorCode, ItemResult, Timings, from_epoch
 from batchserve.core.lifecycle import Cause
 from batchserve.core.metrics import metrics
-from batchserve.core.records import MESSAGE_COLUMNS, row_message
+from batchserve.core.records import MESSAGE_COLUMNS, pg_type, row_message
 from batchserve.core.store.base import (
     BatchStart,
     ClaimedRequest,
@@ -43,13 +44,7 @@ _CLAIM = (
         batch_id=bindparam("claim_batch"),
         attempts=requests_t.c.attempts + 1,
     )
-    .returning(
-        requests_t.c.id,
-        requests_t.c.input,
-        requests_t.c.messages,
-        requests_t.c.params,
-        requests_t.c.created_at,
-    )
+    .returning(*(requests_t.c[f.name] for f in fields(ClaimedRequest)))
 )
 _INSERT_BATCH = insert(batches_t)
 _TAKE_LEASE = (
@@ -599,59 +594,24 @@ class BatchVerbs(StoreBase):
 
 
 _RESULT_STATES = lifecycle.targets(Cause.RESULT)
-RESULT_FIELDS = (
-    "state",
-    "output",
-    "finish_reason",
-    "error_code",
-    "error_message",
-    "prompt_tokens",
-    "completion_tokens",
-    "queued_ms",
-    "batch_wait_ms",
-    "model_ms",
-    "total_ms",
-    "ttft_ms",
-    "finished_at",
-)
+# A result's columns: an ItemResult's fields and its Timings' are named as their columns.
+_ITEM_FIELDS = tuple(f.name for f in fields(ItemResult) if f.name != "request_id")
+_TIMING_FIELDS = tuple(f.name for f in fields(Timings))
+RESULT_FIELDS = ("state", *_ITEM_FIELDS, *_TIMING_FIELDS, "finished_at")
 
 
 def result_row(outcome: ItemOutcome, now: Any) -> dict[str, Any]:
     result, timings = outcome.result, outcome.timings
     state = S.SUCCEEDED if result.ok else S.FAILED
-    return {
-        "b_id": uuid.UUID(result.request_id),
-        "b_state": state.value,
-        "b_output": result.output,
-        "b_finish_reason": result.finish_reason,
-        "b_error_code": result.error_code,
-        "b_error_message": result.error_message,
-        "b_prompt_tokens": result.prompt_tokens,
-        "b_completion_tokens": result.completion_tokens,
-        "b_queued_ms": timings.queued_ms,
-        "b_batch_wait_ms": timings.batch_wait_ms,
-        "b_model_ms": timings.model_ms,
-        "b_total_ms": timings.total_ms,
-        "b_ttft_ms": timings.ttft_ms,
-        "b_finished_at": now if outcome.finished_at is None else from_epoch(outcome.finished_at),
-    }
+    row: dict[str, Any] = {"b_id": uuid.UUID(result.request_id), "b_state": state.value}
+    row.update({f"b_{name}": getattr(result, name) for name in _ITEM_FIELDS})
+    row.update({f"b_{name}": getattr(timings, name) for name in _TIMING_FIELDS})
+    row["b_finished_at"] = now if outcome.finished_at is None else from_epoch(outcome.finished_at)
+    return row
 
 
-_UNNEST_COLUMNS = [
-    ("id", "uuid"),
-    ("state", "text"),
-    ("output", "text"),
-    ("finish_reason", "text"),
-    ("error_code", "text"),
-    ("error_message", "text"),
-    ("prompt_tokens", "int"),
-    ("completion_tokens", "int"),
-    ("queued_ms", "float8"),
-    ("batch_wait_ms", "float8"),
-    ("model_ms", "float8"),
-    ("total_ms", "float8"),
-    ("ttft_ms", "float8"),
-    ("finished_at", "timestamptz"),
+_UNNEST_COLUMNS = [("id", pg_type(requests_t.c.id))] + [
+    (name, pg_type(requests_t.c[name])) for name in RESULT_FIELDS
 ]
 _WRITE_OUTCOMES_PG = text(
     "UPDATE requests AS r SET "

@@ -7,7 +7,6 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from psycopg.types.json import Jsonb
 from sqlalchemy import func, select, text, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -29,10 +28,13 @@ from batchserve.core.errors import (
 )
 from batchserve.core.lifecycle import Cause
 from batchserve.core.records import (
+    COMMAND_COLUMNS,
     MESSAGE_COLUMNS,
     RECORD_COLUMNS,
     command_message,
     command_row,
+    pg_type,
+    pg_value,
     row_message,
     row_record,
 )
@@ -122,7 +124,7 @@ class RequestVerbs(StoreBase):
             # and Postgres prepares it once, where a multi-row VALUES is new SQL each time.
             rows = [command_row(c) for c in commands]
             columns = {
-                name: [_pg_array_value(name, row[name]) for row in rows]
+                name: [pg_value(name, row[name]) for row in rows]
                 for name, _ in _UNNEST_INSERT_COLUMNS
             }
             result = await conn.execute(_INSERT_UNNEST_PG, columns)
@@ -362,30 +364,7 @@ def _new_record(cmd: SubmitCommand) -> RequestRecord:
 
 
 # The columns admission writes (``command_row``'s keys) with their Postgres types.
-_UNNEST_INSERT_COLUMNS = [
-    ("id", "uuid"),
-    ("tenant", "text"),
-    ("idempotency_key", "text"),
-    ("fingerprint", "text"),
-    ("model", "text"),
-    ("lane", "text"),
-    ("state", "text"),
-    ("input", "text"),
-    ("messages", "jsonb"),
-    ("params", "jsonb"),
-    ("metadata", "jsonb"),
-    ("webhook_url", "text"),
-    ("est_prompt_tokens", "int"),
-    ("max_tokens", "int"),
-    ("deadline", "timestamptz"),
-    ("attempts", "int"),
-    ("failures", "int"),
-    ("created_at", "timestamptz"),
-    ("job_id", "uuid"),
-    ("custom_id", "text"),
-    ("job_line", "int"),
-]
-_JSON_COLUMNS = frozenset(name for name, kind in _UNNEST_INSERT_COLUMNS if kind == "jsonb")
+_UNNEST_INSERT_COLUMNS = [(name, pg_type(requests_t.c[name])) for name in COMMAND_COLUMNS]
 _INSERT_UNNEST_PG = text(
     "INSERT INTO requests ("
     + ", ".join(name for name, _ in _UNNEST_INSERT_COLUMNS)
@@ -404,9 +383,3 @@ _MARK_PUBLISHED_PG = text(
     "SELECT id FROM requests WHERE id = ANY(CAST(:ids AS uuid[])) AND published_at IS NULL"
     " FOR UPDATE SKIP LOCKED)"
 )
-
-
-def _pg_array_value(column: str, value: Any) -> Any:
-    if value is not None and column in _JSON_COLUMNS:
-        return Jsonb(value)
-    return value
