@@ -235,7 +235,7 @@ class StoreBase:
         return Ended(state=state, ids=tuple(i for i, _ in written))
 
     async def _notify(self, ended: Ended, **fields: Any) -> None:
-        """Report requests a committed transaction ended (a few thousand ids per change)."""
+        """Report requests a committed transaction ended, ``LOG_CHUNK`` ids per change."""
         for first in range(0, len(ended.ids), LOG_CHUNK):
             await self._emit(ended.state, ended.ids[first : first + LOG_CHUNK], **fields)
 
