@@ -57,6 +57,7 @@ from batchserve.core.ids import uuid7
 from batchserve.core.loadboard import LoadBoard
 from batchserve.core.logs import get_logger
 from batchserve.core.metrics import metrics
+from batchserve.core.republish import republish
 from batchserve.core.slots import SlotDirectory
 from batchserve.core.store import ClaimedRequest, JobStore
 from batchserve.models.plugins import plugin_for
@@ -455,8 +456,10 @@ class ModelBatcher(BatcherJobs):
             reaped = await self._store.reap_batch(
                 batch_id, now=self._clock(), outcome=BatchOutcome.ABANDONED
             )
-            with contextlib.suppress(Unavailable):
-                await self._queue.publish(reaped.requeued)
+            # Marked published too, or maintenance would publish them again.
+            await republish(
+                self._queue, self._store, reaped.requeued, now=self._clock(), batch_id=batch_id
+            )
         else:
             self._observe_dispatch(message)
         free_after = (

@@ -19,6 +19,7 @@ from batchserve.cli.roles import batcher_config, job_driver, maintenance_config
 from batchserve.cli.served import redacted
 from batchserve.core.logs import get_logger
 from batchserve.core.migrate import upgrade
+from batchserve.core.republish import publish_and_mark
 from batchserve.core.settings import Settings
 from batchserve.core.slots import MemorySlotDirectory
 from batchserve.core.wiring import Adapters, connect
@@ -132,7 +133,7 @@ class EmbeddedStack:
             )
         # The in-process queue starts empty: whatever was queued when we stopped goes back in.
         recovered = await self.adapters.store.queued_messages()
-        await self.adapters.queue.publish(recovered)
+        await publish_and_mark(self.adapters.queue, self.adapters.store, recovered)
         if recovered:
             log.info("recovered_queued", count=len(recovered))
         for batcher in self.batchers:

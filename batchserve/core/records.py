@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from dataclasses import fields
 from datetime import UTC, datetime
+from enum import Enum
 from typing import Any
+
+from psycopg.types.json import Jsonb
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Float, Integer, String, Uuid
 
 from batchserve.core.domain import (
     Lane,
@@ -29,29 +34,14 @@ def aware(value: datetime | None) -> datetime | None:
 
 
 def command_row(cmd: SubmitCommand) -> dict[str, Any]:
-    return {
-        "id": cmd.id,
-        "tenant": cmd.tenant,
-        "idempotency_key": cmd.idempotency_key,
-        "fingerprint": cmd.fingerprint,
-        "model": cmd.model,
-        "lane": cmd.lane.value,
-        "state": RequestState.QUEUED.value,
-        "input": cmd.input,
-        "messages": cmd.messages,
-        "params": cmd.params,
-        "metadata": cmd.metadata,
-        "webhook_url": cmd.webhook_url,
-        "est_prompt_tokens": cmd.prompt_tokens,
-        "max_tokens": cmd.max_tokens,
-        "deadline": cmd.deadline,
-        "attempts": 0,
-        "failures": 0,
-        "created_at": cmd.created_at,
-        "job_id": cmd.job_id,
-        "custom_id": cmd.custom_id,
-        "job_line": cmd.job_line,
-    }
+    """The request row admission writes for ``cmd``: its columns are :data:`COMMAND_COLUMNS`."""
+    row = {column: _stored(getattr(cmd, name)) for name, column in _COMMAND_FIELDS}
+    row.update(_ADMITTED)
+    return row
+
+
+def _stored(value: Any) -> Any:
+    return value.value if isinstance(value, Enum) else value
 
 
 def command_message(cmd: SubmitCommand) -> QueueMessage:
@@ -119,51 +109,59 @@ def row_record(row: Mapping[Any, Any]) -> RequestRecord:
     )
 
 
-RECORD_COLUMNS = [
-    requests_t.c[name]
-    for name in (
-        "id",
-        "tenant",
-        "model",
-        "lane",
-        "state",
-        "created_at",
-        "deadline",
-        "attempts",
-        "batch_id",
-        "finished_at",
-        "output",
-        "finish_reason",
-        "error_code",
-        "error_message",
-        "prompt_tokens",
-        "completion_tokens",
-        "queued_ms",
-        "batch_wait_ms",
-        "model_ms",
-        "total_ms",
-        "ttft_ms",
-        "metadata",
-        "idempotency_key",
-        "fingerprint",
-        "webhook_url",
+# The column lists below are read off the domain values' fields, which are named as the
+# columns they are stored in but for these renames.
+_COMMAND_RENAMED = {"prompt_tokens": "est_prompt_tokens"}
+_MESSAGE_RENAMED = {"prompt_tokens": "est_prompt_tokens", "group": "isolation_group"}
+# What admission sets itself, besides the command's fields.
+_ADMITTED: dict[str, Any] = {"state": RequestState.QUEUED.value, "attempts": 0, "failures": 0}
+
+
+def _columns(value: type[Any], renamed: Mapping[str, str], skip: str = "") -> list[Column[Any]]:
+    """The ``requests`` columns of a dataclass's fields (a field without one fails here)."""
+    return [requests_t.c[renamed.get(f.name, f.name)] for f in fields(value) if f.name != skip]
+
+
+_COMMAND_FIELDS = [
+    (f.name, column.name)
+    for f, column in zip(
+        fields(SubmitCommand), _columns(SubmitCommand, _COMMAND_RENAMED), strict=True
     )
+]
+# What admission writes (``command_row``'s keys).
+COMMAND_COLUMNS = [column for _, column in _COMMAND_FIELDS] + list(_ADMITTED)
+# What a RequestRecord is read from.
+RECORD_COLUMNS = _columns(RequestRecord, {}, skip="timings") + _columns(Timings, {})
+# What a QueueMessage is read from, its id first.
+MESSAGE_COLUMNS = _columns(QueueMessage, _MESSAGE_RENAMED)
+JSON_COLUMNS = frozenset(c.name for c in requests_t.c if isinstance(c.type, JSON))
+
+
+def pg_type(column: Column[Any]) -> str:
+    """The Postgres type a hand-written statement casts ``column``'s values to."""
+    kind = column.type
+    for sql_type, name in _PG_TYPES:
+        if isinstance(kind, sql_type):
+            return name
+    raise TypeError(f"no Postgres type for {column.name} ({kind})")
+
+
+_PG_TYPES: list[tuple[type[Any], str]] = [
+    (Uuid, "uuid"),
+    (String, "text"),  # Text too
+    (JSON, "jsonb"),
+    (BigInteger, "bigint"),
+    (Integer, "int"),
+    (Float, "float8"),
+    (DateTime, "timestamptz"),
 ]
 
-MESSAGE_COLUMNS = [
-    requests_t.c[name]
-    for name in (
-        "id",
-        "model",
-        "lane",
-        "tenant",
-        "created_at",
-        "deadline",
-        "est_prompt_tokens",
-        "max_tokens",
-        "isolation_group",
-    )
-]
+
+def pg_value(column: str, value: Any) -> Any:
+    """``value`` as psycopg sends it for ``column`` of ``requests`` (JSON wrapped as jsonb)."""
+    if value is not None and column in JSON_COLUMNS:
+        return Jsonb(value)
+    return value
 
 
 def _uuid(value: Any) -> uuid.UUID:

@@ -46,6 +46,7 @@ from batchserve.core.domain import (
 from batchserve.core.events import EventBus, Subscription
 from batchserve.core.logs import get_logger
 from batchserve.core.metrics import metrics
+from batchserve.core.republish import republish
 from batchserve.core.store import BatchStart, ItemOutcome, JobStore, Reaped
 from batchserve.core.tokenlog import LogEntry, TokenLog
 from batchserve.models.engine import Engine, SequenceRequest, SequenceUpdate
@@ -420,13 +421,7 @@ class EngineRunner:
         )
 
     async def _republish(self, reaped: Reaped) -> None:
-        if not reaped.requeued:
-            return
-        try:
-            await self._queue.publish(reaped.requeued)
-            await self._store.mark_published([m.id for m in reaped.requeued])
-        except Exception as error:  # maintenance republishes what stays unpublished
-            log.warning("requeue_publish_failed", error=error)
+        await republish(self._queue, self._store, reaped.requeued, errors=(Exception,))
 
     # -- time --------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from batchserve.core.domain import BatchClosed, BatchOutcome
 from batchserve.core.errors import Unavailable
 from batchserve.core.events import EventBus
 from batchserve.core.logs import get_logger
+from batchserve.core.republish import publish_and_mark, republish
 from batchserve.core.store import JobStore
 from batchserve.workers.jobs import JobDriver
 
@@ -120,12 +121,7 @@ class Maintenance:
             )
             report.reaped_batches += 1
             report.requeued += len(reaped.requeued)
-            if reaped.requeued:
-                try:
-                    await self._queue.publish(reaped.requeued)
-                    await self._store.mark_published([m.id for m in reaped.requeued])
-                except Unavailable as error:
-                    log.warning("requeue_publish_failed", error=error, note="will republish")
+            await republish(self._queue, self._store, reaped.requeued, note="will republish")
             await self._events.publish(
                 BatchClosed(model=lease.model, batch_id=str(lease.batch_id), outcome=outcome.value)
             )
@@ -135,7 +131,6 @@ class Maintenance:
         messages = await self._store.unpublished(now - self.config.republish_after_s)
         if not messages:
             return
-        await self._queue.publish(messages)
-        await self._store.mark_published([m.id for m in messages], now=now)
+        await publish_and_mark(self._queue, self._store, messages, now=now)
         report.republished = len(messages)
         log.warning("republished", count=len(messages))

@@ -30,6 +30,7 @@ from batchserve.core.errors import Unavailable
 from batchserve.core.events import EventBus, Subscription
 from batchserve.core.logs import annotate, bind, get_logger
 from batchserve.core.metrics import metrics
+from batchserve.core.republish import republish
 from batchserve.core.store import BatchStart, ItemOutcome, JobStore, Reaped
 from batchserve.core.tokenlog import LogEntry, TokenLog
 from batchserve.models.base import Backend, OnResult
@@ -228,13 +229,7 @@ class BatchRunner:
 
     async def _republish(self, message: BatchMessage, reaped: Reaped) -> None:
         """Put requests a reap or a retry sent back to the queue on the broker."""
-        if not reaped.requeued:
-            return
-        try:
-            await self._queue.publish(reaped.requeued)
-            await self._store.mark_published([m.id for m in reaped.requeued])
-        except Unavailable as error:  # maintenance republishes what stays unpublished
-            log.warning("requeue_publish_failed", batch_id=message.batch_id, error=error)
+        await republish(self._queue, self._store, reaped.requeued, batch_id=message.batch_id)
 
     async def _announce(self, message: BatchMessage, outcome: BatchOutcome, worker: str) -> None:
         """Tell the batcher the slot is free (it may already have sent the next batch)."""

@@ -8,6 +8,7 @@ sleeps. The integration and end-to-end tiers run the real engine.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -155,22 +156,36 @@ async def submit(
 ) -> list[str]:
     """Requests of ``texts`` (one each), committed as the API would; returns their ids."""
     limits = [max_tokens] * len(texts) if isinstance(max_tokens, int) else list(max_tokens)
-    created = from_epoch(now)
     commands = [
-        SubmitCommand(
-            id=uuid7(),
-            tenant="t1",
-            model=model,
-            lane=Lane.INTERACTIVE,
-            input=text,
-            messages=None,
-            params={"max_tokens": limit, "temperature": 0.0},
-            created_at=created,
-            deadline=created + timedelta(seconds=timeout_s),
-            prompt_tokens=len(text.split()),
-            max_tokens=limit,
-        )
+        command(text, model=model, now=now, max_tokens=limit, timeout_s=timeout_s)
         for text, limit in zip(texts, limits, strict=True)
     ]
     outcomes = await store.submit(commands)
     return [str(o.record.id) for o in outcomes if isinstance(o, Admission)]
+
+
+def command(
+    text: str,
+    *,
+    model: str = "engine",
+    now: float,
+    max_tokens: int = 4,
+    timeout_s: float = 600.0,
+    job_id: uuid.UUID | None = None,
+) -> SubmitCommand:
+    """A request of ``text`` created ``now``; of bulk job ``job_id`` when given."""
+    created = from_epoch(now)
+    return SubmitCommand(
+        id=uuid7(),
+        tenant="t1",
+        model=model,
+        lane=Lane.INTERACTIVE,
+        input=text,
+        messages=None,
+        params={"max_tokens": max_tokens, "temperature": 0.0},
+        created_at=created,
+        deadline=created + timedelta(seconds=timeout_s),
+        prompt_tokens=len(text.split()),
+        max_tokens=max_tokens,
+        job_id=job_id,
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 from batchserve.batching.batcher import BatcherConfig, ModelBatcher
@@ -22,14 +23,17 @@ from batchserve.core.domain import (
     ItemResult,
     Lane,
     QueueMessage,
+    RequestState,
     SequencesFreed,
     Timings,
 )
+from batchserve.core.errors import Unavailable
 from batchserve.core.events import MemoryEventBus
 from batchserve.core.loadboard import MemoryLoadBoard
 from batchserve.core.slots import MemorySlotDirectory
 from batchserve.core.store import ItemOutcome, JobStore
 from batchserve.models.registry import ModelSpec
+from batchserve.workers.maintenance import Maintenance, MaintenanceConfig, TickReport
 from tests.support.stepped import Clock, sqlite_store, submit
 
 ENGINE = ModelSpec(name="engine", backend="transformers", max_batch_size=8)
@@ -43,8 +47,11 @@ class Sent:
     def __init__(self) -> None:
         self.messages: list[BatchMessage] = []
         self.limits: list[float | None] = []
+        self.refuse = False  # as a worker broker that is down
 
     async def dispatch(self, message: BatchMessage, time_limit_s: float | None) -> None:
+        if self.refuse:
+            raise Unavailable("the worker broker is down", component="broker")
         self.messages.append(message)
         self.limits.append(time_limit_s)
 
@@ -240,6 +247,42 @@ async def test_a_learned_batch_time_is_scheduled_for_batch_models(tmp_path: Path
     assert learned.num_observations == 3
     assert rig.batcher.estimate()["source"] == "learned"
     assert abs(learned.batch_s(_shape(4)) - 0.5) < 0.01
+
+
+async def test_a_batch_that_could_not_be_handed_over_is_requeued_and_published_once(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path, ECHO)
+    rig.slots.register(ECHO.name, "w1", 1, float("inf"))
+    await rig.start()
+    ids = await rig.arrive(4)
+    await rig.store.mark_published(ids, now=rig.clock())  # as the API does once they are sent
+    rig.sent.refuse = True
+    published: list[str] = []
+    publish = rig.queue.publish
+
+    async def counted(messages: Sequence[QueueMessage]) -> None:
+        published.extend(m.id for m in messages)
+        await publish(messages)
+
+    rig.queue.publish = counted  # type: ignore[method-assign]
+
+    await rig.decide()  # claimed, not handed over: the batcher requeues and publishes them
+
+    assert rig.sent.messages == []
+    records = [await rig.store.get(uuid.UUID(i)) for i in ids]
+    assert {r.state for r in records if r is not None} == {RequestState.QUEUED}
+    assert sorted(published) == sorted(ids)
+    # Marked published as well: maintenance's republish pass, well after its delay, leaves
+    # them be (it published all four again ~5 s later when the batcher did not mark them).
+    config = MaintenanceConfig()
+    maintenance = Maintenance(
+        store=rig.store, queue=rig.queue, events=rig.events, config=config, clock=rig.clock
+    )
+    report = TickReport()
+    await maintenance.republish(rig.clock() + config.republish_after_s + 60.0, report)
+    assert report.republished == 0
+    assert sorted(published) == sorted(ids)
 
 
 def _result(request_id: str, tokens: int = 4) -> ItemResult:

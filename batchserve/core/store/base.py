@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import DateTime, case, insert, literal, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from batchserve.core import lifecycle
 from batchserve.core.db import is_postgres
 from batchserve.core.domain import (
     DeliveryStatus,
@@ -24,6 +25,7 @@ from batchserve.core.domain import (
     from_epoch,
 )
 from batchserve.core.ids import uuid7
+from batchserve.core.lifecycle import Cause
 from batchserve.core.logs import get_logger
 from batchserve.core.metrics import metrics
 from batchserve.core.records import aware
@@ -37,6 +39,8 @@ deliveries_t = deliveries_table
 OnChange = Callable[[StateChange], Awaitable[None]]
 S = RequestState
 log = get_logger("batchserve.store")
+LOG_CHUNK = 1000  # ids per request_events/outbox statement and per reported change
+_HAS_WEBHOOK = requests_t.c.webhook_url.is_not(None).label("has_webhook")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +104,15 @@ class Reaped:
 
 
 @dataclass(frozen=True, slots=True)
+class Ended:
+    """Requests a transaction ended, to report once it commits; ``rows``: what was read back."""
+
+    state: RequestState
+    ids: tuple[str, ...]
+    rows: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ExpiredLease:
     batch_id: uuid.UUID
     model: str
@@ -129,41 +142,102 @@ class StoreBase:
     def set_on_change(self, on_change: OnChange | None) -> None:
         self._on_change = on_change
 
-    @staticmethod
-    async def _log_terminal(
+    async def _end(
+        self,
         conn: AsyncConnection,
-        ids: Iterable[str],
+        cause: Cause,
         state: RequestState,
+        *where: Any,
+        now: float,
+        code: str | None,
+        message: str | None,
+        source: RequestState | None = None,
+        batch_id: uuid.UUID | None = None,
+        returning: Sequence[Any] = (),
+        **values: Any,
+    ) -> Ended:
+        """End the requests ``where`` selects, in the caller's transaction: the move from the
+        states the lifecycle lets ``cause`` leave (or from ``source`` alone), with its error and
+        finish time, and its events and webhook deliveries (:meth:`_log_ended`). The one way
+        a request ends, but for a batch's results (written per row, then logged the same way).
+
+        ``returning``: more columns to read back from each ended row (:attr:`Ended.rows`).
+        """
+        extra = [c for c in returning if c is not requests_t.c.id]
+        stmt = (
+            moving(cause, state, source=source)
+            .where(*where)
+            .values(error_code=code, error_message=message, finished_at=from_epoch(now), **values)
+            .returning(requests_t.c.id, _HAS_WEBHOOK, *extra)
+        )
+        rows = (await conn.execute(stmt)).mappings().all()
+        written = [(str(r["id"]), bool(r[_HAS_WEBHOOK.name])) for r in rows]
+        ended = await self._log_ended(conn, state, written, now, batch_id)
+        return Ended(state=ended.state, ids=ended.ids, rows=tuple(rows))
+
+    async def _expire(
+        self,
+        conn: AsyncConnection,
+        *where: Any,
+        now: float,
+        reason: str,
+        source: RequestState = S.QUEUED,
+        batch_id: uuid.UUID | None = None,
+    ) -> Ended:
+        """End the requests in ``source`` that ``where`` selects as past their deadline."""
+        return await self._end(
+            conn,
+            Cause.DEADLINE,
+            S.EXPIRED,
+            *where,
+            now=now,
+            code=ErrorCode.DEADLINE_EXCEEDED.value,
+            message=reason,
+            source=source,
+            batch_id=batch_id,
+        )
+
+    @staticmethod
+    async def _log_ended(
+        conn: AsyncConnection,
+        state: RequestState,
+        written: Sequence[tuple[str, bool]],
         now: float,
         batch_id: uuid.UUID | None = None,
-        with_webhook: Collection[str] | None = None,
-    ) -> None:
-        """Append terminal transitions, in the transaction that makes them, and queue the
-        webhook delivery of each request that asked for one (the outbox: no result is ever
-        committed without its delivery, nor a delivery without its result).
+    ) -> Ended:
+        """Append the terminal transitions of requests just moved to ``state``, in the
+        transaction that moved them, and queue the webhook delivery of each that asked for one
+        (the outbox: no result is ever committed without its delivery, nor a delivery without
+        its result). Returns what to report once it commits (:meth:`_notify`).
 
-        ``with_webhook``: the ids known to have a webhook URL, when the caller knows; the
-        outbox insert is skipped when none has.
+        ``written``: (request id, whether it may have a webhook URL); the outbox insert reads
+        the URL and is skipped when none may.
         """
+        assert state.terminal, state
         at = from_epoch(now)
-        request_ids = [uuid.UUID(i) for i in ids]
-        if not request_ids:
-            return
-        if conn.dialect.name == "postgresql":  # one statement of fixed text, prepared once
-            await conn.execute(
-                _LOG_EVENTS_PG,
-                {"ids": request_ids, "state": state.value, "batch_id": batch_id, "at": at},
-            )
-        else:
-            rows = [
-                {"request_id": rid, "state": state.value, "batch_id": batch_id, "at": at}
-                for rid in request_ids
-            ]
-            await conn.execute(insert(events_t), rows)
-        if with_webhook is None:
-            await conn.execute(outbox_insert(request_ids, state, at))
-        elif with_webhook:
-            await conn.execute(outbox_insert([uuid.UUID(i) for i in with_webhook], state, at))
+        for first in range(0, len(written), LOG_CHUNK):
+            chunk = written[first : first + LOG_CHUNK]
+            request_ids = [uuid.UUID(i) for i, _ in chunk]
+            if conn.dialect.name == "postgresql":  # one statement of fixed text, prepared once
+                await conn.execute(
+                    _LOG_EVENTS_PG,
+                    {"ids": request_ids, "state": state.value, "batch_id": batch_id, "at": at},
+                )
+            else:
+                rows = [
+                    {"request_id": rid, "state": state.value, "batch_id": batch_id, "at": at}
+                    for rid in request_ids
+                ]
+                await conn.execute(insert(events_t), rows)
+            hooked = [uuid.UUID(i) for i, has_webhook in chunk if has_webhook]
+            if hooked:
+                await conn.execute(outbox_insert(hooked, state, at))
+        return Ended(state=state, ids=tuple(i for i, _ in written))
+
+    async def _notify(self, ended: Ended, **fields: Any) -> None:
+        """Report requests a committed transaction ended, ``LOG_CHUNK`` ids per change."""
+        for first in range(0, len(ended.ids), LOG_CHUNK):
+            await self._emit(ended.state, ended.ids[first : first + LOG_CHUNK], **fields)
 
     async def _emit(self, state: RequestState, ids: Iterable[str], **fields: Any) -> None:
         ids = tuple(ids)
@@ -246,17 +320,30 @@ def outbox_insert(request_ids: list[uuid.UUID], state: RequestState, at: Any) ->
     return insert(deliveries_t).from_select(columns, rows)
 
 
-def expire_stmt(now: float, reason: str, from_state: RequestState = S.QUEUED) -> Any:
-    return (
-        update(requests_t)
-        .where(requests_t.c.state == from_state.value)
-        .values(
-            state=S.EXPIRED.value,
-            error_code=ErrorCode.DEADLINE_EXCEEDED.value,
-            error_message=reason,
-            finished_at=from_epoch(now),
-        )
-    )
+def state_in(states: Iterable[RequestState]) -> Any:
+    """``requests.state`` is one of ``states``."""
+    stored = lifecycle.values(frozenset(states))
+    if len(stored) == 1:
+        return requests_t.c.state == stored[0]
+    return requests_t.c.state.in_(stored)
+
+
+def moving(
+    cause: Cause, target: RequestState | None = None, *, source: RequestState | None = None
+) -> Any:
+    """``UPDATE requests`` of the rows ``cause`` may move to ``target`` (the lifecycle's
+    source states, or ``source`` alone among them), setting their state; with no ``target``,
+    of rows it may move to any of its targets, the caller setting which (one a row)."""
+    if target is None:
+        allowed = lifecycle.common_sources(cause)
+    else:
+        allowed = lifecycle.sources(cause, target)
+    if source is not None:
+        if source not in allowed:
+            raise ValueError(f"{cause.value} does not move a request from {source.value}")
+        allowed = (source,)
+    stmt = update(requests_t).where(state_in(allowed))
+    return stmt if target is None else stmt.values(state=target.value)
 
 
 def epoch(value: Any) -> float:

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from typing import Any
 
 from sqlalchemy import bindparam, case, func, insert, literal, select, text, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from batchserve.core import lifecycle
 from batchserve.core.db import autocommit, transaction
-from batchserve.core.domain import BatchOutcome, ErrorCode, from_epoch
+from batchserve.core.domain import BatchOutcome, ErrorCode, ItemResult, Timings, from_epoch
+from batchserve.core.lifecycle import Cause
 from batchserve.core.metrics import metrics
-from batchserve.core.records import MESSAGE_COLUMNS, row_message
+from batchserve.core.records import MESSAGE_COLUMNS, pg_type, row_message
 from batchserve.core.store.base import (
     BatchStart,
     ClaimedRequest,
+    Ended,
     ExpiredLease,
     ItemOutcome,
     Reaped,
@@ -23,7 +27,7 @@ from batchserve.core.store.base import (
     StoreBase,
     batches_t,
     epoch,
-    expire_stmt,
+    moving,
     requests_t,
 )
 
@@ -31,24 +35,16 @@ from batchserve.core.store.base import (
 # cache key, where building them per call cost more client CPU than running them (a lease:
 # 4.7 against 1.9 ms of CPU, isolated, on the 2-core bench machine).
 _CLAIM = (
-    update(requests_t)
+    moving(Cause.CLAIM, S.RUNNING)
     .where(
         requests_t.c.id.in_(bindparam("ids", expanding=True)),
-        requests_t.c.state == S.QUEUED.value,
         requests_t.c.model == bindparam("claim_model"),
     )
     .values(
-        state=S.RUNNING.value,
         batch_id=bindparam("claim_batch"),
         attempts=requests_t.c.attempts + 1,
     )
-    .returning(
-        requests_t.c.id,
-        requests_t.c.input,
-        requests_t.c.messages,
-        requests_t.c.params,
-        requests_t.c.created_at,
-    )
+    .returning(*(requests_t.c[f.name] for f in fields(ClaimedRequest)))
 )
 _INSERT_BATCH = insert(batches_t)
 _TAKE_LEASE = (
@@ -245,15 +241,15 @@ class BatchVerbs(StoreBase):
                 if failed_alone or not self._postgres
                 else None
             )
-            by_state = await self._write_outcomes(conn, batch_id, outcomes, live, now)
+            ended = await self._write_outcomes(conn, batch_id, outcomes, live, now)
             charged = Reaped()
             for request_id, error in failed_alone:
                 assert live is not None
                 if request_id in live:
                     one = {request_id: live[request_id]}
                     charged = charged.merge(await self._charge(conn, one, now=now, error=error))
-        for state, ids in by_state.items():
-            await self._emit(state, ids, batch_id=str(batch_id))
+        for each in ended:
+            await self._notify(each, batch_id=str(batch_id))
         await self._emit_reaped(charged)
         return charged
 
@@ -278,10 +274,10 @@ class BatchVerbs(StoreBase):
                 if self._postgres
                 else await self._lock_running(conn, batch_id, [str(i) for i in ids])
             )
-            by_state = await self._write_outcomes(conn, batch_id, outcomes, live, now)
-        for state, written in by_state.items():
-            await self._emit(state, written, batch_id=str(batch_id))
-        return [i for written in by_state.values() for i in written]
+            ended = await self._write_outcomes(conn, batch_id, outcomes, live, now)
+        for each in ended:
+            await self._notify(each, batch_id=str(batch_id))
+        return [i for each in ended for i in each.ids]
 
     async def expire_running(
         self, batch_id: uuid.UUID, *, attempt: int, request_ids: Sequence[str], now: float
@@ -299,15 +295,17 @@ class BatchVerbs(StoreBase):
                 owned = owned.with_for_update()
             if (await conn.execute(owned)).first() is None:
                 return None
-            rows = await conn.execute(
-                expire_stmt(now, "the deadline passed while it ran", from_state=S.RUNNING)
-                .where(requests_t.c.id.in_(ids), requests_t.c.batch_id == batch_id)
-                .returning(requests_t.c.id)
+            ended = await self._expire(
+                conn,
+                requests_t.c.id.in_(ids),
+                requests_t.c.batch_id == batch_id,
+                now=now,
+                reason="the deadline passed while it ran",
+                source=S.RUNNING,
+                batch_id=batch_id,
             )
-            expired = [str(r[0]) for r in rows]
-            await self._log_terminal(conn, expired, S.EXPIRED, now, batch_id)
-        await self._emit(S.EXPIRED, expired, batch_id=str(batch_id))
-        return expired
+        await self._notify(ended, batch_id=str(batch_id))
+        return list(ended.ids)
 
     async def running_members(self, model: str) -> list[tuple[uuid.UUID, str, int, int]]:
         """Requests of ``model`` running now: (batch, request id, prompt tokens, max tokens).
@@ -450,7 +448,7 @@ class BatchVerbs(StoreBase):
         outcomes: Sequence[ItemOutcome],
         live: Mapping[str, Any] | None,
         now: float,
-    ) -> dict[S, list[str]]:
+    ) -> list[Ended]:
         """Store results of the members still running under this batch; log their transitions.
 
         ``live``: the members already locked (SQLite path); ``None`` lets Postgres find them in
@@ -461,17 +459,13 @@ class BatchVerbs(StoreBase):
             written = await self._write_outcomes_pg(conn, batch_id, outcomes, now_dt)
         else:
             written = await self._write_outcomes_each(conn, batch_id, outcomes, live or {}, now_dt)
-        by_state: dict[S, list[str]] = {S.SUCCEEDED: [], S.FAILED: []}
-        hooked: list[str] = []
+        by_state: dict[S, list[tuple[str, bool]]] = {state: [] for state in _RESULT_STATES}
         for request_id, state, has_webhook in written:
-            by_state[S(state)].append(request_id)
-            if has_webhook:
-                hooked.append(request_id)
-        for state, ids in by_state.items():
-            await self._log_terminal(
-                conn, ids, state, now, batch_id, with_webhook=[i for i in ids if i in hooked]
-            )
-        return by_state
+            by_state[S(state)].append((request_id, has_webhook))
+        return [
+            await self._log_ended(conn, state, rows, now, batch_id)
+            for state, rows in by_state.items()
+        ]
 
     async def _write_outcomes_pg(
         self,
@@ -503,12 +497,8 @@ class BatchVerbs(StoreBase):
         rows = [result_row(o, now_dt) for o in outcomes if o.result.request_id in live]
         if rows:
             await conn.execute(
-                update(requests_t)
-                .where(
-                    requests_t.c.id == bindparam("b_id"),
-                    requests_t.c.batch_id == batch_id,
-                    requests_t.c.state == S.RUNNING.value,
-                )
+                moving(Cause.RESULT)
+                .where(requests_t.c.id == bindparam("b_id"), requests_t.c.batch_id == batch_id)
                 .values({name: bindparam(f"b_{name}") for name in RESULT_FIELDS}),
                 rows,
             )
@@ -545,38 +535,40 @@ class BatchVerbs(StoreBase):
             )
             requeued = await self._requeue(conn, {request_id: f"solo:{request_id}"}, now=now)
             return requeued.merge(Reaped(charged=(request_id,)))
-        await conn.execute(
-            update(requests_t)
-            .where(requests_t.c.id == uuid.UUID(request_id))
-            .values(
-                state=S.FAILED.value,
-                failures=failures,
-                error_code=ErrorCode.POISON.value,
-                error_message=f"failed alone {failures} time(s); last error: {error}"[:2000],
-                finished_at=from_epoch(now),
-            )
+        ended = await self._end(
+            conn,
+            Cause.POISON,
+            S.FAILED,
+            requests_t.c.id == uuid.UUID(request_id),
+            now=now,
+            code=ErrorCode.POISON.value,
+            message=f"failed alone {failures} time(s); last error: {error}"[:2000],
+            batch_id=row["batch_id"],
+            failures=failures,
         )
-        await self._log_terminal(conn, [request_id], S.FAILED, now, row["batch_id"])
-        return Reaped(failed=(request_id,), charged=(request_id,))
+        return Reaped(failed=ended.ids, charged=(request_id,))
 
     async def _requeue(
         self, conn: AsyncConnection, groups: Mapping[str, str | None], *, now: float
     ) -> Reaped:
         ids = [uuid.UUID(i) for i in groups]
-        expired = await conn.execute(
-            expire_stmt(now, "deadline passed before a retry could run", from_state=S.RUNNING)
-            .where(requests_t.c.id.in_(ids), requests_t.c.deadline <= from_epoch(now))
-            .returning(requests_t.c.id)
-        )
-        ended = tuple(str(r[0]) for r in expired)
-        await self._log_terminal(conn, ended, S.EXPIRED, now)
+        ended = (
+            await self._expire(
+                conn,
+                requests_t.c.id.in_(ids),
+                requests_t.c.deadline <= from_epoch(now),
+                now=now,
+                reason="deadline passed before a retry could run",
+                source=S.RUNNING,
+            )
+        ).ids
         for group in set(groups.values()):
             members = [uuid.UUID(i) for i, g in groups.items() if g == group and i not in ended]
             if members:
                 await conn.execute(
-                    update(requests_t)
-                    .where(requests_t.c.id.in_(members), requests_t.c.state == S.RUNNING.value)
-                    .values(state=S.QUEUED.value, isolation_group=group, published_at=None)
+                    moving(Cause.REQUEUE, S.QUEUED)
+                    .where(requests_t.c.id.in_(members))
+                    .values(isolation_group=group, published_at=None)
                 )
         rows = (
             (
@@ -601,59 +593,25 @@ class BatchVerbs(StoreBase):
         await self._emit(S.QUEUED, [m.id for m in reaped.requeued])
 
 
-RESULT_FIELDS = (
-    "state",
-    "output",
-    "finish_reason",
-    "error_code",
-    "error_message",
-    "prompt_tokens",
-    "completion_tokens",
-    "queued_ms",
-    "batch_wait_ms",
-    "model_ms",
-    "total_ms",
-    "ttft_ms",
-    "finished_at",
-)
+_RESULT_STATES = lifecycle.targets(Cause.RESULT)
+# A result's columns: an ItemResult's fields and its Timings' are named as their columns.
+_ITEM_FIELDS = tuple(f.name for f in fields(ItemResult) if f.name != "request_id")
+_TIMING_FIELDS = tuple(f.name for f in fields(Timings))
+RESULT_FIELDS = ("state", *_ITEM_FIELDS, *_TIMING_FIELDS, "finished_at")
 
 
 def result_row(outcome: ItemOutcome, now: Any) -> dict[str, Any]:
     result, timings = outcome.result, outcome.timings
     state = S.SUCCEEDED if result.ok else S.FAILED
-    return {
-        "b_id": uuid.UUID(result.request_id),
-        "b_state": state.value,
-        "b_output": result.output,
-        "b_finish_reason": result.finish_reason,
-        "b_error_code": result.error_code,
-        "b_error_message": result.error_message,
-        "b_prompt_tokens": result.prompt_tokens,
-        "b_completion_tokens": result.completion_tokens,
-        "b_queued_ms": timings.queued_ms,
-        "b_batch_wait_ms": timings.batch_wait_ms,
-        "b_model_ms": timings.model_ms,
-        "b_total_ms": timings.total_ms,
-        "b_ttft_ms": timings.ttft_ms,
-        "b_finished_at": now if outcome.finished_at is None else from_epoch(outcome.finished_at),
-    }
+    row: dict[str, Any] = {"b_id": uuid.UUID(result.request_id), "b_state": state.value}
+    row.update({f"b_{name}": getattr(result, name) for name in _ITEM_FIELDS})
+    row.update({f"b_{name}": getattr(timings, name) for name in _TIMING_FIELDS})
+    row["b_finished_at"] = now if outcome.finished_at is None else from_epoch(outcome.finished_at)
+    return row
 
 
-_UNNEST_COLUMNS = [
-    ("id", "uuid"),
-    ("state", "text"),
-    ("output", "text"),
-    ("finish_reason", "text"),
-    ("error_code", "text"),
-    ("error_message", "text"),
-    ("prompt_tokens", "int"),
-    ("completion_tokens", "int"),
-    ("queued_ms", "float8"),
-    ("batch_wait_ms", "float8"),
-    ("model_ms", "float8"),
-    ("total_ms", "float8"),
-    ("ttft_ms", "float8"),
-    ("finished_at", "timestamptz"),
+_UNNEST_COLUMNS = [("id", pg_type(requests_t.c.id))] + [
+    (name, pg_type(requests_t.c[name])) for name in RESULT_FIELDS
 ]
 _WRITE_OUTCOMES_PG = text(
     "UPDATE requests AS r SET "
@@ -662,7 +620,9 @@ _WRITE_OUTCOMES_PG = text(
     + ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in _UNNEST_COLUMNS)
     + ") AS v("
     + ", ".join(name for name, _ in _UNNEST_COLUMNS)
-    + ") WHERE r.id = v.id AND r.batch_id = :batch_id AND r.state = 'running'"
+    + ") WHERE r.id = v.id AND r.batch_id = :batch_id AND r.state IN ("
+    + ", ".join(f"'{state}'" for state in lifecycle.values(lifecycle.common_sources(Cause.RESULT)))
+    + ")"
     " RETURNING r.id, r.state, r.webhook_url IS NOT NULL"
 )
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from psycopg.types.json import Jsonb
 from sqlalchemy import delete, or_, select, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -26,13 +25,12 @@ from batchserve.core.bulk import Endpoint, IngestClaim, JobStatus, LineError
 from batchserve.core.db import transaction
 from batchserve.core.domain import SubmitCommand, from_epoch
 from batchserve.core.ids import uuid7
-from batchserve.core.records import aware, command_row
+from batchserve.core.records import aware, command_row, pg_value
 from batchserve.core.store.base import StoreBase, requests_t
 from batchserve.core.store.jobs import jobs_t, queue_job_webhook
 
 J = JobStatus
 SQLITE_ROWS_PER_INSERT = 500
-JSON_COLUMNS = frozenset({"messages", "params", "metadata"})
 
 
 class IngestVerbs(StoreBase):
@@ -202,13 +200,7 @@ async def _copy_requests(conn: AsyncConnection, rows: list[dict[str, Any]]) -> N
     statement = f"COPY requests ({names}) FROM STDIN"
     async with driver.cursor() as cursor, cursor.copy(statement) as copy:
         for row in rows:
-            await copy.write_row([_pg_value(name, row[name]) for name in columns])
-
-
-def _pg_value(column: str, value: Any) -> Any:
-    if value is not None and column in JSON_COLUMNS:
-        return Jsonb(value)
-    return value
+            await copy.write_row([pg_value(name, row[name]) for name in columns])
 
 
 async def _insert_requests_sqlite(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from batchserve.core import lifecycle
 from batchserve.core.bulk import JobCounts, JobRecord, JobStatus, LineError, NewJob
 from batchserve.core.db import transaction
 from batchserve.core.domain import DeliveryStatus, from_epoch
@@ -25,7 +26,7 @@ jobs_t = jobs_table
 J = JobStatus
 
 CANCELLABLE = (J.VALIDATING.value, J.IN_PROGRESS.value)
-OPEN_REQUEST_STATES = (S.QUEUED.value, S.RUNNING.value)
+OPEN_REQUEST_STATES = lifecycle.values(lifecycle.OPEN)
 
 
 class JobVerbs(StoreBase):

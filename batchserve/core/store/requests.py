@@ -7,7 +7,6 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from psycopg.types.json import Jsonb
 from sqlalchemy import func, select, text, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -27,11 +26,15 @@ from batchserve.core.errors import (
     InvalidTransition,
     NotFound,
 )
+from batchserve.core.lifecycle import Cause
 from batchserve.core.records import (
+    COMMAND_COLUMNS,
     MESSAGE_COLUMNS,
     RECORD_COLUMNS,
     command_message,
     command_row,
+    pg_type,
+    pg_value,
     row_message,
     row_record,
 )
@@ -40,7 +43,6 @@ from batchserve.core.store.base import (
     S,
     StoreBase,
     advisory_key,
-    expire_stmt,
     requests_t,
 )
 
@@ -122,7 +124,7 @@ class RequestVerbs(StoreBase):
             # and Postgres prepares it once, where a multi-row VALUES is new SQL each time.
             rows = [command_row(c) for c in commands]
             columns = {
-                name: [_pg_array_value(name, row[name]) for row in rows]
+                name: [pg_value(name, row[name]) for row in rows]
                 for name, _ in _UNNEST_INSERT_COLUMNS
             }
             result = await conn.execute(_INSERT_UNNEST_PG, columns)
@@ -242,34 +244,21 @@ class RequestVerbs(StoreBase):
     ) -> RequestRecord:
         """Cancel a queued or running request; its late result, if any, is discarded."""
         now = now or time.time()
-        now_dt = from_epoch(now)
         async with transaction(self.engine) as conn:
-            row = (
-                (
-                    await conn.execute(
-                        update(requests_t)
-                        .where(
-                            requests_t.c.id == request_id,
-                            requests_t.c.tenant == tenant,
-                            requests_t.c.state.in_([S.QUEUED.value, S.RUNNING.value]),
-                        )
-                        .values(
-                            state=S.CANCELLED.value,
-                            error_code=ErrorCode.CANCELLED.value,
-                            error_message="cancelled by the caller",
-                            finished_at=now_dt,
-                        )
-                        .returning(*RECORD_COLUMNS)
-                    )
-                )
-                .mappings()
-                .first()
+            ended = await self._end(
+                conn,
+                Cause.CANCEL,
+                S.CANCELLED,
+                requests_t.c.id == request_id,
+                requests_t.c.tenant == tenant,
+                now=now,
+                code=ErrorCode.CANCELLED.value,
+                message="cancelled by the caller",
+                returning=RECORD_COLUMNS,
             )
-            if row is not None:
-                await self._log_terminal(conn, [str(request_id)], S.CANCELLED, now)
-        if row is not None:
-            record = row_record(row)
-            await self._emit(S.CANCELLED, [str(request_id)], model=record.model)
+        if ended.rows:
+            record = row_record(ended.rows[0])
+            await self._notify(ended, model=record.model)
             return record
         current = await self.get(request_id, tenant)
         if current is None:
@@ -282,16 +271,11 @@ class RequestVerbs(StoreBase):
         """Expire queued requests the batcher found unable to meet their deadline."""
         if not request_ids:
             return []
+        ids = [uuid.UUID(i) for i in request_ids]
         async with transaction(self.engine) as conn:
-            rows = await conn.execute(
-                expire_stmt(now, reason)
-                .where(requests_t.c.id.in_([uuid.UUID(i) for i in request_ids]))
-                .returning(requests_t.c.id)
-            )
-            expired = [str(r[0]) for r in rows]
-            await self._log_terminal(conn, expired, S.EXPIRED, now)
-        await self._emit(S.EXPIRED, expired)
-        return expired
+            ended = await self._expire(conn, requests_t.c.id.in_(ids), now=now, reason=reason)
+        await self._notify(ended)
+        return list(ended.ids)
 
     async def expire_overdue(self, now: float, limit: int = 1000) -> list[str]:
         """Expire queued requests whose deadline has passed (maintenance)."""
@@ -303,15 +287,14 @@ class RequestVerbs(StoreBase):
         if self._postgres:
             overdue = overdue.with_for_update(skip_locked=True)
         async with transaction(self.engine) as conn:
-            rows = await conn.execute(
-                expire_stmt(now, "deadline passed before the request could run")
-                .where(requests_t.c.id.in_(overdue.scalar_subquery()))
-                .returning(requests_t.c.id)
+            ended = await self._expire(
+                conn,
+                requests_t.c.id.in_(overdue.scalar_subquery()),
+                now=now,
+                reason="deadline passed before the request could run",
             )
-            expired = [str(r[0]) for r in rows]
-            await self._log_terminal(conn, expired, S.EXPIRED, now)
-        await self._emit(S.EXPIRED, expired)
-        return expired
+        await self._notify(ended)
+        return list(ended.ids)
 
     async def unpublished(self, older_than: float, limit: int = 1000) -> list[QueueMessage]:
         """Queued requests committed but never confirmed on the broker (maintenance)."""
@@ -381,30 +364,7 @@ def _new_record(cmd: SubmitCommand) -> RequestRecord:
 
 
 # The columns admission writes (``command_row``'s keys) with their Postgres types.
-_UNNEST_INSERT_COLUMNS = [
-    ("id", "uuid"),
-    ("tenant", "text"),
-    ("idempotency_key", "text"),
-    ("fingerprint", "text"),
-    ("model", "text"),
-    ("lane", "text"),
-    ("state", "text"),
-    ("input", "text"),
-    ("messages", "jsonb"),
-    ("params", "jsonb"),
-    ("metadata", "jsonb"),
-    ("webhook_url", "text"),
-    ("est_prompt_tokens", "int"),
-    ("max_tokens", "int"),
-    ("deadline", "timestamptz"),
-    ("attempts", "int"),
-    ("failures", "int"),
-    ("created_at", "timestamptz"),
-    ("job_id", "uuid"),
-    ("custom_id", "text"),
-    ("job_line", "int"),
-]
-_JSON_COLUMNS = frozenset(name for name, kind in _UNNEST_INSERT_COLUMNS if kind == "jsonb")
+_UNNEST_INSERT_COLUMNS = [(name, pg_type(requests_t.c[name])) for name in COMMAND_COLUMNS]
 _INSERT_UNNEST_PG = text(
     "INSERT INTO requests ("
     + ", ".join(name for name, _ in _UNNEST_INSERT_COLUMNS)
@@ -423,9 +383,3 @@ _MARK_PUBLISHED_PG = text(
     "SELECT id FROM requests WHERE id = ANY(CAST(:ids AS uuid[])) AND published_at IS NULL"
     " FOR UPDATE SKIP LOCKED)"
 )
-
-
-def _pg_array_value(column: str, value: Any) -> Any:
-    if value is not None and column in _JSON_COLUMNS:
-        return Jsonb(value)
-    return value

@@ -20,13 +20,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from batchserve.core.bulk import FilePurpose, JobLine, JobStatus, RenderedFiles, job_public_id
 from batchserve.core.db import transaction
 from batchserve.core.domain import RequestState, from_epoch
+from batchserve.core.lifecycle import Cause
 from batchserve.core.records import RECORD_COLUMNS, aware, row_record
-from batchserve.core.store.base import S, requests_t
+from batchserve.core.store.base import requests_t
 from batchserve.core.store.files import files_t, insert_file
 from batchserve.core.store.jobs import OPEN_REQUEST_STATES, JobVerbs, jobs_t, queue_job_webhook
 
 J = JobStatus
-LOG_CHUNK = 1000  # ids per request_events/outbox statement
 
 # (endpoint, ending status, finished requests by line, the input file when lines are missing)
 Render = Callable[[str, JobStatus, Sequence[JobLine], bytes | None], RenderedFiles]
@@ -70,7 +70,6 @@ class SettleVerbs(JobVerbs):
         Rows another transaction holds (a worker writing results) are skipped and left for
         the next round; a running request's late result is discarded as for any cancel.
         """
-        assert state in (S.EXPIRED, S.CANCELLED)
         open_ids = (
             select(requests_t.c.id)
             .where(requests_t.c.job_id == job_id, requests_t.c.state.in_(OPEN_REQUEST_STATES))
@@ -80,26 +79,17 @@ class SettleVerbs(JobVerbs):
         if self._postgres:
             open_ids = open_ids.with_for_update(skip_locked=True)
         async with transaction(self.engine) as conn:
-            rows = await conn.execute(
-                update(requests_t)
-                .where(
-                    requests_t.c.id.in_(open_ids.scalar_subquery()),
-                    requests_t.c.state.in_(OPEN_REQUEST_STATES),
-                )
-                .values(
-                    state=state.value,
-                    error_code=code,
-                    error_message=message,
-                    finished_at=from_epoch(now),
-                )
-                .returning(requests_t.c.id)
+            ended = await self._end(
+                conn,
+                Cause.JOB_ENDED,
+                state,
+                requests_t.c.id.in_(open_ids.scalar_subquery()),
+                now=now,
+                code=code,
+                message=message,
             )
-            ended = [str(r[0]) for r in rows]
-            for at in range(0, len(ended), LOG_CHUNK):
-                await self._log_terminal(conn, ended[at : at + LOG_CHUNK], state, now)
-        for at in range(0, len(ended), LOG_CHUNK):
-            await self._emit(state, ended[at : at + LOG_CHUNK])
-        return ended
+        await self._notify(ended)
+        return list(ended.ids)
 
     async def mark_finalizing(self, job_id: uuid.UUID, now: float) -> bool:
         """``in_progress -> finalizing`` once none of the job's requests is queued or running."""

@@ -1,7 +1,7 @@
 """Webhook verbs of the job store: claim due deliveries, attempt, reschedule, redeliver, and
 the endpoints disabled after a 410 Gone.
 
-A delivery row is written by ``_log_terminal`` with the terminal state change itself (the outbox).
+A delivery row is written by ``_log_ended`` with the terminal state change itself (the outbox).
 From there: a relay claims due rows under a lease token (``claim_due_deliveries``), a sender
 swaps that token for a fresh one as it starts (``begin_attempt``), so a duplicate task for the
 same claim finds the token gone and sends nothing, and reports the outcome
