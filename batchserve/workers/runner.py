@@ -86,15 +86,15 @@ class BatchRunner:
         clock: Callable[[], float] = time.time,
         tokens: TokenLog | None = None,
     ) -> None:
-        self._store = store
+        self.store = store
         self._tokens = tokens
         self._events = events
         self._queue = queue
-        self._backend = backend
+        self.backend = backend
         self.worker_id = worker_id
         self._lease_s = lease_s
         self._write_patience_s = write_patience_s
-        self._clock = clock
+        self.clock = clock
         self._cancelled: dict[str, float] = {}  # request id -> when we heard
         self._subscription: Subscription | None = None
 
@@ -102,17 +102,17 @@ class BatchRunner:
         """Let the model stop generating for a request cancelled while its batch runs."""
         if self._subscription is None:
             self._subscription = self._events.subscribe(self._on_event)
-            self._backend.should_stop = self._cancelled.__contains__
+            self.backend.should_stop = self._cancelled.__contains__
 
     def _on_event(self, event: Event) -> None:
         if isinstance(event, StateChange) and event.state is RequestState.CANCELLED:
-            now = self._clock()
+            now = self.clock()
             for request_id in event.request_ids:
                 self._cancelled[request_id] = now
             if len(self._cancelled) > 10_000:  # forget the old ones: their batches are long done
                 horizon = now - 600.0
                 self._cancelled = {r: t for r, t in self._cancelled.items() if t > horizon}
-                self._backend.should_stop = self._cancelled.__contains__
+                self.backend.should_stop = self._cancelled.__contains__
 
     async def run(
         self,
@@ -143,13 +143,13 @@ class BatchRunner:
         await batch.started()
         return batch
 
-    async def _start(self, batch_id: uuid.UUID, worker: str) -> BatchStart | Reaped | None:
+    async def claim_lease(self, batch_id: uuid.UUID, worker: str) -> BatchStart | Reaped | None:
         async def attempt() -> BatchStart | Reaped | None:
-            return await self._store.start_batch(batch_id, worker, self._clock(), self._lease_s)
+            return await self.store.start_batch(batch_id, worker, self.clock(), self._lease_s)
 
         return await self._with_patience(batch_id, attempt)
 
-    async def _hold_lease(
+    async def hold_lease(
         self, batch_id: uuid.UUID, worker: str, starting: asyncio.Task[BatchStart | Reaped | None]
     ) -> None:
         """Once the lease is ours, renew it until the batch's results are stored."""
@@ -157,7 +157,7 @@ class BatchRunner:
         if isinstance(start, BatchStart):
             await self._keep_lease(batch_id, worker, start.attempt)
 
-    async def _store_results(
+    async def store_results(
         self,
         message: BatchMessage,
         start: BatchStart,
@@ -177,9 +177,9 @@ class BatchRunner:
             if r.request_id in by_id
         ]
         results = [o.result for o in outcomes]
-        self._stream_outputs(message.batch_id, [r for r in results if r.request_id not in streamed])
+        self.stream_outputs(message.batch_id, [r for r in results if r.request_id not in streamed])
         write = functools.partial(
-            self._store.complete_batch,
+            self.store.complete_batch,
             batch_id,
             attempt=start.attempt,
             outcomes=outcomes,
@@ -213,9 +213,9 @@ class BatchRunner:
             runs=output.num_runs,
             failed_alone=len(output.failed_alone),
         )
-        await self._republish(message, reaped)
+        await self.republish(message, reaped)
 
-    def _stream_outputs(self, batch_id: str, results: Sequence[ItemResult]) -> None:
+    def stream_outputs(self, batch_id: str, results: Sequence[ItemResult]) -> None:
         """A batch model makes each answer at once: its stream gets it as one delta, just
         before the result is stored (a stale attempt's is superseded by the next run's)."""
         if self._tokens is None:
@@ -227,11 +227,11 @@ class BatchRunner:
     async def _with_patience(self, batch_id: uuid.UUID, write: Callable[[], Awaitable[T]]) -> T:
         return await with_patience(batch_id, write, self._write_patience_s)
 
-    async def _republish(self, message: BatchMessage, reaped: Reaped) -> None:
+    async def republish(self, message: BatchMessage, reaped: Reaped) -> None:
         """Put requests a reap or a retry sent back to the queue on the broker."""
-        await republish(self._queue, self._store, reaped.requeued, batch_id=message.batch_id)
+        await republish(self._queue, self.store, reaped.requeued, batch_id=message.batch_id)
 
-    async def _announce(self, message: BatchMessage, outcome: BatchOutcome, worker: str) -> None:
+    async def announce(self, message: BatchMessage, outcome: BatchOutcome, worker: str) -> None:
         """Tell the batcher the slot is free (it may already have sent the next batch)."""
         await self._events.publish(
             BatchClosed(
@@ -247,8 +247,8 @@ class BatchRunner:
         while True:
             await asyncio.sleep(period_s)
             try:
-                held = await self._store.renew_lease(
-                    batch_id, worker, attempt, self._clock() + self._lease_s
+                held = await self.store.renew_lease(
+                    batch_id, worker, attempt, self.clock() + self._lease_s
                 )
             except Unavailable:
                 continue
@@ -314,11 +314,11 @@ class OpenBatch:
         self.message = message
         self.batch_id = uuid.UUID(message.batch_id)
         self.worker = worker
-        self.starting = asyncio.create_task(runner._start(self.batch_id, worker))
+        self.starting = asyncio.create_task(runner.claim_lease(self.batch_id, worker))
         self._holding = asyncio.create_task(
-            runner._hold_lease(self.batch_id, worker, self.starting)
+            runner.hold_lease(self.batch_id, worker, self.starting)
         )
-        self.model_started = runner._clock()
+        self.model_started = runner.clock()
         self.early = _EarlyResults(runner, message, self.starting, self.model_started)
         self.ours = False
         self.isolating = False
@@ -330,13 +330,13 @@ class OpenBatch:
 
     def run_model(self) -> RunOutput:
         """Blocking: run the model over the batch (results of early finishers go out first)."""
-        self.model_started = self.runner._clock()
-        return run_isolating(self.runner._backend, list(self.message.items), self.early.hand_over)
+        self.model_started = self.runner.clock()
+        return run_isolating(self.runner.backend, list(self.message.items), self.early.hand_over)
 
     async def conclude(self, output: RunOutput | None) -> None:
         """Announce the free slot and store the results (``None``: the model did not run)."""
         runner, message = self.runner, self.message
-        finished = runner._clock()
+        finished = runner.clock()
         try:
             start = await self.starting
             await self.early.close()
@@ -350,13 +350,13 @@ class OpenBatch:
                     "batch_crashed_before", batch_id=self.batch_id, requeued=len(start.requeued)
                 )
                 metrics().batches_finished.labels(message.model, "crashed").inc()
-                await runner._announce(message, BatchOutcome.CRASHED, self.worker)
-                await runner._republish(message, start)
+                await runner.announce(message, BatchOutcome.CRASHED, self.worker)
+                await runner.republish(message, start)
                 return
             assert output is not None
             annotate(attempt=start.attempt)
-            await runner._announce(message, BatchOutcome.SUCCEEDED, self.worker)
-            await runner._store_results(
+            await runner.announce(message, BatchOutcome.SUCCEEDED, self.worker)
+            await runner.store_results(
                 message,
                 start,
                 output,
@@ -426,7 +426,7 @@ class _EarlyResults:
         if not isinstance(start, BatchStart):
             return  # not our batch to write
         group = [r for r in group if r.request_id in start.live_ids]
-        now = self._runner._clock()
+        now = self._runner.clock()
         model_ms = (now - self._model_started) * 1000.0
         outcomes = [
             ItemOutcome(
@@ -435,10 +435,10 @@ class _EarlyResults:
             for r in group
             if r.request_id in self._items
         ]
-        self._runner._stream_outputs(self._message.batch_id, [o.result for o in outcomes])
+        self._runner.stream_outputs(self._message.batch_id, [o.result for o in outcomes])
         self.streamed.update(o.result.request_id for o in outcomes)
         try:
-            written = await self._runner._store.complete_items(
+            written = await self._runner.store.complete_items(
                 uuid.UUID(self._message.batch_id),
                 attempt=start.attempt,
                 outcomes=outcomes,
