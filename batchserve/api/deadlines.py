@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from batchserve.batching.admission import estimate_engine_finish, estimate_finish
 from batchserve.batching.estimate import SequenceCost
+from batchserve.batching.eta import estimate_engine_finish, estimate_finish
 from batchserve.core.domain import Lane, SubmitCommand, from_epoch, to_epoch
 from batchserve.core.errors import DeadlineUnmeetable
 from batchserve.core.loadboard import LoadBoard, LoadSnapshot

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchserve.api.admission import Admitter
 from batchserve.api.auth import KeyRing
+from batchserve.api.group_commit import Admitter
 from batchserve.api.quotas import Quotas
 from batchserve.api.waiters import Waiters
 from batchserve.core.secretbox import SecretBox

@@ -12,8 +12,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from batchserve.batching.admission import estimate_finish
 from batchserve.batching.estimate import BatchTimeEstimator
+from batchserve.batching.eta import estimate_finish
 from batchserve.batching.policy import Load, Pending, PolicyConfig, decide, estimate_batch_s
 from batchserve.batching.rate import RateMeter
 from batchserve.core.domain import Lane

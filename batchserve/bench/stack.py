@@ -53,7 +53,7 @@ class Variant:
     max_batch_size: int
     policy: str = "adaptive"
     max_batch_delay_ms: float | None = None
-    standby: str = "auto"  # the worker's standby processes (batchserve/workers/gate.py)
+    standby: str = "auto"  # the worker's standby processes (batchserve/workers/slot_gate.py)
 
     def ideal_rps(self, workers: int) -> float:
         return workers * self.max_batch_size * 1000.0 / BATCH_TIME_MS

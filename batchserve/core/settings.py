@@ -80,7 +80,7 @@ class Settings(BaseSettings):
     engine_drain_s: float = Field(default=60.0, ge=0, description="Engine drain on SIGTERM")
     # A second pool process per slot takes the next batch's lease while the running model is
     # still busy, so a slot passes from one batch to the next without a hand-over or a lease
-    # round trip (batchserve/workers/gate.py). It costs a second copy of the model per slot:
+    # round trip (batchserve/workers/slot_gate.py). It costs a second copy of the model per slot:
     # ``auto`` turns it on for backends that hold no weights (fixed, echo) and off for
     # transformers, whose batches take long enough that the ~10 ms saved is a small share of
     # each.

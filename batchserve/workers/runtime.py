@@ -24,8 +24,8 @@ from batchserve.core.settings import Settings
 from batchserve.core.wiring import Adapters, connect
 from batchserve.models.loader import load_backend
 from batchserve.models.registry import ModelSpec
-from batchserve.workers.gate import SlotGate
 from batchserve.workers.runner import BatchRunner
+from batchserve.workers.slot_gate import SlotGate
 
 log = get_logger("batchserve.worker")
 

@@ -25,8 +25,8 @@ from batchserve.core.slots import SlotRegistration
 from batchserve.models.plugins import plugin_for
 from batchserve.models.registry import ModelSpec
 from batchserve.workers.celery_app import RUN_BATCH_TASK, batches_queue_name, create_celery
-from batchserve.workers.gate import SlotGate
 from batchserve.workers.runtime import RuntimeHolder
+from batchserve.workers.slot_gate import SlotGate
 
 log = get_logger("batchserve.worker")
 

@@ -7,7 +7,7 @@ import asyncio
 import time
 from datetime import timedelta
 
-from batchserve.api.admission import Admitter
+from batchserve.api.group_commit import Admitter
 from batchserve.batching.batcher import ModelBatcher
 from batchserve.core.broker import Delivery, RabbitRequestQueue
 from batchserve.core.domain import BatchMessage, Lane, QueueMessage, SubmitCommand, utcnow

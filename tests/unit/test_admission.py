@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from batchserve.batching.admission import estimate_finish
+from batchserve.batching.eta import estimate_finish
 
 
 def test_idle_slot_and_nothing_ahead_is_one_batch_plus_the_delay() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import uuid
 
-from batchserve.batching.admission import estimate_engine_finish
 from batchserve.batching.estimate import (
     BatchObservation,
     BatchShape,
@@ -14,6 +13,7 @@ from batchserve.batching.estimate import (
     SequenceCost,
     sequence_time_limit_s,
 )
+from batchserve.batching.eta import estimate_engine_finish
 from batchserve.batching.ledger import Credit, EngineLedger
 from batchserve.batching.policy import Load, Pending, PolicyConfig, decide_engine
 from batchserve.core.domain import Lane

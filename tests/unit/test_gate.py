@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from batchserve.workers.gate import SlotGate
+from batchserve.workers.slot_gate import SlotGate
 
 ctx = multiprocessing.get_context("fork")
 

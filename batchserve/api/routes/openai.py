@@ -20,7 +20,7 @@ from fastapi.responses import Response
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from batchserve.api.deps import Caller, Services, get_caller
-from batchserve.api.gate import admit
+from batchserve.api.intake import admit
 from batchserve.api.openai_errors import OpenAIRoute
 from batchserve.api.openai_schemas import (
     ChatBody,

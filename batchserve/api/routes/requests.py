@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Header, Query
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from batchserve.api.deps import Caller, Services, Tenant, get_caller
-from batchserve.api.gate import admit
+from batchserve.api.intake import admit
 from batchserve.api.polling import read_or_wait, read_request
 from batchserve.api.responses import JSON
 from batchserve.api.schemas import RequestList, RequestOut, SubmitRequest, dump
