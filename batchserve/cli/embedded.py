@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
+from collections.abc import Callable
 
 import uvicorn
 
@@ -37,10 +39,14 @@ log = get_logger("batchserve.embedded")
 
 
 class EmbeddedStack:
-    """All roles wired in-process. ``start`` then serve the app; ``stop`` when done."""
+    """All roles wired in-process. ``start`` then serve the app; ``stop`` when done.
 
-    def __init__(self, settings: Settings) -> None:
+    ``clock`` is the one every role reads; a test passes a fake one and, with
+    ``start(background=False)``, steps the batchers and maintenance itself."""
+
+    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
+        self.clock = clock
         self.adapters: Adapters = connect(settings)
         specs = []
         for spec in self.adapters.registry.specs():
@@ -68,6 +74,7 @@ class EmbeddedStack:
                     worker_id=f"embedded:{spec.name}",
                     config=EngineRunnerConfig(lease_s=settings.lease_s),
                     tokens=self.adapters.tokens,
+                    clock=clock,
                 )
                 continue
             runners[spec.name] = BatchRunner(
@@ -78,8 +85,11 @@ class EmbeddedStack:
                 worker_id=f"embedded:{spec.name}",
                 lease_s=settings.lease_s,
                 tokens=self.adapters.tokens,
+                clock=clock,
             )
-        self.dispatcher = InProcessDispatcher(runners, self.engines)
+        self.dispatcher = InProcessDispatcher(
+            runners, self.engines, slots={spec.name: spec.slots for spec in specs}
+        )
         self.batchers = [
             ModelBatcher(
                 spec,
@@ -90,6 +100,7 @@ class EmbeddedStack:
                 events=self.adapters.events,
                 config=batcher_config(settings),
                 loadboard=self.adapters.loadboard,
+                clock=clock,
             )
             for spec in specs
         ]
@@ -99,6 +110,7 @@ class EmbeddedStack:
             events=self.adapters.events,
             config=maintenance_config(settings),
             jobs=job_driver(self.adapters),
+            clock=clock,
         )
         # Webhooks: the same deliverer as the webhooks role, its attempts as tasks of this loop.
         self.deliverer = create_deliverer(self.adapters.store, settings)
@@ -113,7 +125,9 @@ class EmbeddedStack:
         self.api = ApiServices.create(settings, self.adapters)
         self._tasks: list[asyncio.Task[None]] = []
 
-    async def start(self) -> None:
+    async def start(self, *, background: bool = True) -> None:
+        """Start every role; without ``background`` nothing runs on its own: the caller steps
+        the batchers (``step``, ``run_due``) and maintenance (``tick``)."""
         slots = self.adapters.slots
         assert isinstance(slots, MemorySlotDirectory)
         for spec in self.adapters.registry.specs():
@@ -137,10 +151,12 @@ class EmbeddedStack:
         if recovered:
             log.info("recovered_queued", count=len(recovered))
         for batcher in self.batchers:
-            await batcher.start()
-            self._tasks.append(asyncio.create_task(batcher.loop()))
-        self._tasks.append(asyncio.create_task(self.maintenance.run()))
-        self._tasks.append(asyncio.create_task(self.relay.run()))
+            await batcher.start(background=background)
+            if background:
+                self._tasks.append(asyncio.create_task(batcher.loop()))
+        if background:
+            self._tasks.append(asyncio.create_task(self.maintenance.run()))
+            self._tasks.append(asyncio.create_task(self.relay.run()))
         await self.api.start()
 
     async def stop(self) -> None:

@@ -50,17 +50,55 @@ class CeleryDispatcher:
         self._executor.shutdown(wait=False)
 
 
+class _SlotGate:
+    """At most ``slots`` models of one model name run at once; counts who waits."""
+
+    def __init__(self, slots: int) -> None:
+        self._free = asyncio.Semaphore(slots)
+        self.waiting = 0
+
+    async def __aenter__(self) -> None:
+        self.waiting += 1
+        try:
+            await self._free.acquire()
+        finally:
+            self.waiting -= 1
+
+    async def __aexit__(self, *_: object) -> None:
+        self._free.release()
+
+
 class InProcessDispatcher:
     """The embedded mode's worker pool: each batch runs as a task of this event loop, or goes
     into the model's engine."""
 
     def __init__(
-        self, runners: dict[str, BatchRunner], engines: dict[str, EngineRunner] | None = None
+        self,
+        runners: dict[str, BatchRunner],
+        engines: dict[str, EngineRunner] | None = None,
+        slots: dict[str, int] | None = None,
     ) -> None:
         self._runners = runners
         self._engines = engines or {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._busy: dict[str, set[int]] = {model: set() for model in runners}
+        # The batcher sends a slot its next batch just before the running one ends; as a
+        # worker's standby process does, it takes its lease then and waits here for the model.
+        self._gates = {model: _SlotGate((slots or {}).get(model, 1)) for model in runners}
+
+    @property
+    def runners(self) -> dict[str, BatchRunner]:
+        return self._runners
+
+    @property
+    def in_flight(self) -> int:
+        """Batches handed over and not yet through (run and stored)."""
+        return len(self._tasks)
+
+    @property
+    def waiting_for_slot(self) -> int:
+        """Batches leased and waiting for their slot's running model to finish."""
+        return sum(gate.waiting for gate in self._gates.values())
 
     async def dispatch(self, message: BatchMessage, time_limit_s: float | None) -> None:
         engine = self._engines.get(message.model)
@@ -78,7 +116,8 @@ class InProcessDispatcher:
 
     async def _run(self, message: BatchMessage, slot: int) -> None:
         try:
-            await self._runners[message.model].run(message, slot=slot)
+            runner = self._runners[message.model]
+            await runner.run(message, slot=slot, gate=self._gates[message.model])
         except Exception:
             log.exception("batch_failed", batch_id=message.batch_id)
         finally:

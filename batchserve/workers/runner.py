@@ -120,13 +120,17 @@ class BatchRunner:
         model_done: Callable[[], None] | None = None,
         *,
         slot: int | None = None,
+        gate: contextlib.AbstractAsyncContextManager[None] | None = None,
     ) -> None:
         """Run one batch and store its results (everything on this event loop). ``slot``: which
-        of this runner's concurrent slots runs it, where it has several (the embedded mode)."""
+        of this runner's concurrent slots runs it, where it has several (the embedded mode);
+        ``gate``: held while the model runs, so that a batch sent ahead of its slot's end takes
+        its lease at once but starts its model only when the slot's running one is through."""
         with bind(batch_id=message.batch_id, model=message.model):
             batch = await self.open(message, slot=slot)
             try:
-                output = await asyncio.to_thread(batch.run_model) if batch.ours else None
+                async with gate if gate is not None else contextlib.nullcontext():
+                    output = await asyncio.to_thread(batch.run_model) if batch.ours else None
             finally:
                 if model_done is not None:
                     model_done()

@@ -5,15 +5,10 @@ from __future__ import annotations
 import asyncio
 import statistics
 import uuid
-from datetime import datetime
-from typing import Any
 
 import httpx
-import pytest
 
-from batchserve.models.registry import load_registry
 from batchserve.testing.deployment import Stack
-from tests.conftest import TEST_MODELS
 from tests.support.live import db_rows, wait_terminal
 
 ECHO = "echo-100ms"
@@ -61,44 +56,6 @@ async def test_backlog_on_one_slot_is_drained_in_full_batches(
     rate = 500 / drain_s
     print(f"\none slot, 500 backlogged: {len(sizes)} batches, mean size {mean:.1f}, ")
     print(f"{rate:.0f} req/s = {rate / 320:.3f} of the ideal 320/s")
-
-
-async def test_seed_exercise_a_then_b_7ms_later_share_one_batch(
-    stack: Stack, http: httpx.AsyncClient
-) -> None:
-    stack.start_all({"echo-ab": 1})
-    body = {"model": "echo-ab"}
-    await wait_terminal(http, [await submit(http, "warm-up", **body)])
-    a_task = asyncio.create_task(submit(http, "A", **body))
-    await asyncio.sleep(0.007)
-    b_task = asyncio.create_task(submit(http, "B", **body))
-    a_id, b_id = await a_task, await b_task
-    results = await wait_terminal(http, [a_id, b_id])
-    a, b = results[a_id], results[b_id]
-    assert a["batch_id"] == b["batch_id"] is not None
-    delay_ms = echo_ab_delay_ms()
-    # A waited the whole delay from its own arrival at the batcher; B's arrival did not
-    # restart that clock, so B waited less by exactly the gap between their arrivals.
-    wait_a, wait_b = a["timings"]["batch_wait_ms"], b["timings"]["batch_wait_ms"]
-    assert delay_ms <= wait_a <= delay_ms + 15.0, a["timings"]
-    arrival_gap_ms = (received_at(b) - received_at(a)) * 1000.0
-    assert 0.0 < arrival_gap_ms < delay_ms
-    assert wait_a - wait_b == pytest.approx(arrival_gap_ms, abs=1.0)
-    print(
-        f"\nA waited {wait_a:.1f} ms, B {wait_b:.1f} ms; B arrived {arrival_gap_ms:.1f} ms after A"
-    )
-
-
-def echo_ab_delay_ms() -> float:
-    spec = load_registry(TEST_MODELS).get("echo-ab")
-    assert spec is not None and spec.max_batch_delay_ms is not None
-    return spec.max_batch_delay_ms
-
-
-def received_at(result: dict[str, Any]) -> float:
-    """When the batcher first held the request: accepted at + queued_ms."""
-    created = datetime.fromisoformat(result["created_at"]).timestamp()
-    return float(created + result["timings"]["queued_ms"] / 1000.0)
 
 
 async def test_a_lone_request_on_an_idle_system(stack: Stack, http: httpx.AsyncClient) -> None:
