@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
 
 from batchserve.api.auth import KeyRing
 from batchserve.api.group_commit import Admitter
 from batchserve.api.quotas import Quotas
 from batchserve.api.waiters import Waiters
+from batchserve.core.domain import from_epoch
 from batchserve.core.secretbox import SecretBox
 from batchserve.core.settings import Settings
 from batchserve.core.ssrf import Allowlist, UrlGuard
@@ -27,9 +31,20 @@ class ApiServices:
     prompt_counter: PromptCounter
     keyring: KeyRing
     quotas: Quotas
+    # The clock requests are stamped with (the embedded stack's, which a test may step).
+    clock: Callable[[], float] = field(default=time.time)
+
+    def now(self) -> datetime:
+        return from_epoch(self.clock())
 
     @classmethod
-    def create(cls, settings: Settings, adapters: Adapters | None = None) -> ApiServices:
+    def create(
+        cls,
+        settings: Settings,
+        adapters: Adapters | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> ApiServices:
         adapters = adapters or connect(settings)
         admitter = Admitter(adapters.store, adapters.queue, faults=settings.fault_points)
         waiters = Waiters(adapters.events)
@@ -47,7 +62,9 @@ class ApiServices:
             adapters.store, required=settings.auth == "required", cache_s=settings.key_cache_s
         )
         quotas = Quotas(settings, adapters.store, adapters.ratelimit, adapters.loadboard)
-        return cls(settings, adapters, admitter, waiters, secrets, guard, counter, keyring, quotas)
+        return cls(
+            settings, adapters, admitter, waiters, secrets, guard, counter, keyring, quotas, clock
+        )
 
     async def start(self) -> None:
         self.admitter.start()

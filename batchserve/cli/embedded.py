@@ -122,7 +122,7 @@ class EmbeddedStack:
             tick_s=self.deliverer.config.relay_tick_s,
             events=self.adapters.events,
         )
-        self.api = ApiServices.create(settings, self.adapters)
+        self.api = ApiServices.create(settings, self.adapters, clock=clock)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self, *, background: bool = True) -> None:

@@ -54,6 +54,9 @@ async def test_a_then_b_7_ms_later_share_one_batch_sent_at_10_ms(tmp_path: Path)
     assert ra["timings"]["batch_wait_ms"] == pytest.approx(10.0, abs=0.5)
     assert rb["timings"]["batch_wait_ms"] == pytest.approx(3.0, abs=0.5)
     assert ra["timings"]["model_ms"] == pytest.approx(100.0, abs=0.5)
+    # The seeds' table: A done at 110 ms, B 103 ms after it arrived.
+    assert ra["timings"]["total_ms"] == pytest.approx(110.0, abs=0.5)
+    assert rb["timings"]["total_ms"] == pytest.approx(103.0, abs=0.5)
 
 
 async def test_e_waits_for_the_busy_worker_and_goes_at_100_ms(tmp_path: Path) -> None:
@@ -74,6 +77,9 @@ async def test_e_waits_for_the_busy_worker_and_goes_at_100_ms(tmp_path: Path) ->
     assert late["timings"]["model_ms"] == pytest.approx(100.0, abs=0.5)
     gap_s = _at(late["finished_at"]) - _at(first[0]["finished_at"])
     assert gap_s == pytest.approx(0.100, abs=0.0005)
+    # The seeds' table: the four done at 100 ms, E (arrived at 1 ms) at 200 ms.
+    assert all(r["timings"]["total_ms"] == pytest.approx(100.0, abs=0.5) for r in first)
+    assert late["timings"]["total_ms"] == pytest.approx(199.0, abs=0.5)
 
 
 def _at(stamp: str) -> float:

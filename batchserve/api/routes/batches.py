@@ -4,7 +4,6 @@ maintenance``) validates the file, persists and queues its requests, and writes 
 
 from __future__ import annotations
 
-import time
 import uuid
 from datetime import timedelta
 from typing import Annotated
@@ -24,7 +23,7 @@ from batchserve.core.bulk import (
     NewJob,
     parse_public_id,
 )
-from batchserve.core.domain import JobChanged, utcnow
+from batchserve.core.domain import JobChanged
 from batchserve.core.errors import InvalidInput, NotFound
 from batchserve.core.ids import uuid7
 
@@ -59,7 +58,7 @@ async def create_batch(body: CreateBatch, services: Services, caller: Caller) ->
     webhook_url = check_webhook_url(body.webhook_url)
     if webhook_url is not None:
         await services.url_guard.check_submission(webhook_url)
-    now = utcnow()
+    now = services.now()
     job = await store.create_job(
         NewJob(
             id=uuid7(),
@@ -90,7 +89,7 @@ async def get_batch(batch_id: str, services: Services, tenant: Tenant) -> JSON:
 async def cancel_batch(batch_id: str, services: Services, tenant: Tenant) -> JSON:
     """Cancel a job: it goes ``cancelling``, its unfinished requests are cancelled, then it
     ends ``cancelled`` with the results it has."""
-    job = await services.adapters.store.cancel_job(_job_uuid(batch_id), tenant, time.time())
+    job = await services.adapters.store.cancel_job(_job_uuid(batch_id), tenant, services.clock())
     await services.adapters.events.publish(JobChanged(job.id.hex, job.status.value))
     return JSON(batch_object(job))
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Annotated
 
@@ -41,7 +40,7 @@ async def upload_file(
         purpose=FilePurpose.BATCH,
         filename=file.filename or "input.jsonl",
         content=content,
-        now=time.time(),
+        now=services.clock(),
     )
     return JSON(file_object(record))
 

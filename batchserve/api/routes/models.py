@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from fastapi import APIRouter, Depends
 
 from batchserve.api.deps import Services, get_caller
@@ -45,18 +43,18 @@ def _capacity(snapshot: LoadSnapshot) -> dict[str, int]:
     return {"slots": snapshot.slots}
 
 
-async def _out(spec: ModelSpec, board: LoadBoard) -> ModelOut:
-    return _model_out(spec, await board.fresh(spec.name, time.time()))
+async def _out(spec: ModelSpec, board: LoadBoard, now: float) -> ModelOut:
+    return _model_out(spec, await board.fresh(spec.name, now))
 
 
 @router.get("", response_model=ModelList)
 async def list_models(services: Services) -> JSON:
     board = services.adapters.loadboard
     specs = services.adapters.registry.specs()
-    return JSON(dump(ModelList(data=[await _out(s, board) for s in specs])))
+    return JSON(dump(ModelList(data=[await _out(s, board, services.clock()) for s in specs])))
 
 
 @router.get("/{model_id}", response_model=ModelOut)
 async def get_model(model_id: str, services: Services) -> JSON:
     spec = resolve_model(services.adapters.registry, model_id)
-    return JSON(dump(await _out(spec, services.adapters.loadboard)))
+    return JSON(dump(await _out(spec, services.adapters.loadboard, services.clock())))

@@ -37,7 +37,7 @@ from batchserve.api.services import ApiServices
 from batchserve.api.statuses import error_body, failure_of, status_of
 from batchserve.api.streams import PING_S
 from batchserve.api.submission import build_command, exact_prompt_tokens
-from batchserve.core.domain import RequestRecord, RequestState, utcnow
+from batchserve.core.domain import RequestRecord, RequestState
 from batchserve.core.errors import BatchserveError, WaitTimedOut
 from batchserve.core.logs import get_logger
 from batchserve.core.store import TenantRow
@@ -93,7 +93,7 @@ def _format(body: OpenAIBody, *, chat: bool) -> ChunkFormat:
 
 
 async def _submit(services: ApiServices, caller: TenantRow, submit: SubmitRequest) -> RequestRecord:
-    now = utcnow()
+    now = services.now()
     command = build_command(
         submit,
         tenant=caller.name,

@@ -17,7 +17,7 @@ from batchserve.api.responses import JSON
 from batchserve.api.schemas import RequestList, RequestOut, SubmitRequest, dump
 from batchserve.api.streams import PING_S, follow, parse_event_id
 from batchserve.api.submission import build_command, exact_prompt_tokens
-from batchserve.core.domain import RequestRecord, RequestState, utcnow
+from batchserve.core.domain import RequestRecord, RequestState
 from batchserve.core.errors import InvalidInput
 
 router = APIRouter(prefix="/v1/requests", tags=["requests"], dependencies=[Depends(get_caller)])
@@ -38,7 +38,7 @@ async def submit_request(
     idempotency_key: IdempotencyKey = None,
 ) -> JSON:
     """Accept a request for batched inference and answer at once with its id."""
-    now = utcnow()
+    now = services.now()
     command = build_command(
         body,
         tenant=caller.name,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Annotated
 
@@ -46,7 +45,7 @@ async def redeliver(
 ) -> JSON:
     """Send a delivery again now, with the same ``webhook-id`` and a fresh retry schedule."""
     delivery = await services.adapters.store.redeliver(
-        request_id, delivery_id, tenant, now=time.time()
+        request_id, delivery_id, tenant, now=services.clock()
     )
     return JSON(dump(DeliveryOut.of(delivery)), status_code=202)
 
@@ -63,7 +62,7 @@ async def get_secret(services: Services, tenant: Tenant) -> JSON:
 @router.post("/v1/webhooks/secret", status_code=201, response_model=WebhookSecretOut)
 async def create_secret(services: Services, tenant: Tenant) -> JSON:
     """Create the signing secret and show it, once; 409 if one exists (rotate it instead)."""
-    made = await services.webhook_secrets.create(tenant, time.time())
+    made = await services.webhook_secrets.create(tenant, services.clock())
     return JSON(dump(_new_secret_out(made)), status_code=201)
 
 
@@ -71,7 +70,7 @@ async def create_secret(services: Services, tenant: Tenant) -> JSON:
 async def rotate_secret(services: Services, tenant: Tenant) -> JSON:
     """Replace the signing secret and show the new one, once; the old one keeps signing too
     until ``previous_expires_at``."""
-    made = await services.webhook_secrets.rotate(tenant, time.time())
+    made = await services.webhook_secrets.rotate(tenant, services.clock())
     return JSON(dump(_new_secret_out(made)))
 
 
