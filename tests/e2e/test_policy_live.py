@@ -1,11 +1,10 @@
-"""The live batcher runs the simulator's policy; admission refuses hopeless deadlines early."""
+"""The live batcher runs the simulator's policy. (Admission by deadline is checked on the
+stepped stack: tests/unit/test_stack_stepped.py.)"""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import statistics
-import time
 from datetime import datetime
 
 import httpx
@@ -15,7 +14,6 @@ from batchserve.batching.batcher import policy_config
 from batchserve.batching.estimate import FixedBatchTime
 from batchserve.batching.simulator import Arrival, simulate
 from batchserve.bench.loadgen import open_loop, poisson_schedule
-from batchserve.core.loadboard import RedisLoadBoard
 from batchserve.models.registry import load_registry
 from batchserve.testing.deployment import Stack
 from tests.conftest import TEST_MODELS
@@ -23,7 +21,6 @@ from tests.support import keys
 from tests.support.live import db_rows, wait_terminal
 
 ECHO = "echo-100ms"
-SLOW = "echo-slow"  # 1 s batches
 
 
 def received_at(result: dict[str, object]) -> float:
@@ -85,55 +82,3 @@ async def test_live_mean_batch_matches_the_simulator(
         f"simulated {simulated.mean_batch:.1f} (median cycle {median_cycle_s * 1000:.0f} ms)"
     )
     assert live_mean == pytest.approx(simulated.mean_batch, rel=0.2)
-
-
-async def backlog_published(stack: Stack, model: str, at_least: int) -> None:
-    """Wait until the batcher's published load (what admission reads) shows a live slot and
-    ``at_least`` requests ahead: on a busy machine a fixed pause may end before it does."""
-    board = RedisLoadBoard(stack.env["BATCHSERVE_REDIS_URL"], stack.env["BATCHSERVE_NAMESPACE"])
-    try:
-        for _ in range(100):
-            snapshot = await board.fresh(model, time.time())
-            if snapshot and snapshot.slots and snapshot.ahead_of(bulk=False) >= at_least:
-                await asyncio.sleep(0.2)  # the API's own copy refreshes every 100 ms
-                return
-            await asyncio.sleep(0.05)
-    finally:
-        await board.close()
-    raise AssertionError(f"no fresh load snapshot of {model} with {at_least} requests ahead")
-
-
-async def test_a_hopeless_deadline_is_refused_at_admission(
-    stack: Stack, http: httpx.AsyncClient
-) -> None:
-    # One slot of 1 s batches of 32: the backlog of 400 takes 12 s to drain, so it cannot
-    # drain below what the check needs while a busy machine is still publishing it (with the
-    # 100 ms model, 960 requests drained in 3 s and the check sometimes came too late).
-    stack.start_all({SLOW: 1})
-    backlog = await open_loop(
-        stack.url,
-        [0.0] * 400,
-        lambda i: {"model": SLOW, "input": f"backlog {i}"},
-        headers=keys.auth(),
-    )
-    assert len(backlog.accepted) == 400
-    await backlog_published(stack, SLOW, at_least=64)
-    hopeless = await http.post(
-        "/v1/requests", json={"model": SLOW, "input": "now!", "timeout_s": 0.5}
-    )
-    assert hopeless.status_code == 503, hopeless.text
-    assert hopeless.headers["content-type"].startswith("application/problem+json")
-    assert int(hopeless.headers["retry-after"]) >= 1
-    problem = hopeless.json()
-    assert problem["code"] == "deadline_unmeetable" and problem["field"] == "deadline"
-    assert (
-        problem["estimated_s"] > 0.5 and "deadline" in problem and "estimated_completion" in problem
-    )
-    patient = await http.post(
-        "/v1/requests", json={"model": SLOW, "input": "later", "timeout_s": 60}
-    )
-    assert patient.status_code == 202
-    accepted = [s.request_id for s in backlog.accepted if s.request_id] + [patient.json()["id"]]
-    results = await wait_terminal(http, accepted, timeout_s=120)
-    assert all(r["status"] == "succeeded" for r in results.values())
-    assert db_rows(stack, "SELECT count(*) FROM requests")[0][0] == len(accepted)

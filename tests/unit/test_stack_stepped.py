@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import text
 
 from tests.support.stepped_stack import SteppedStack
 
@@ -84,3 +85,46 @@ async def test_e_waits_for_the_busy_worker_and_goes_at_100_ms(tmp_path: Path) ->
 
 def _at(stamp: str) -> float:
     return datetime.fromisoformat(stamp).timestamp()
+
+
+SLOW = """
+[models.echo-slow]
+backend = "fixed"
+batch_time_ms = 1000
+max_batch_size = 32
+max_batch_delay_ms = 20
+policy = "timer"
+"""
+
+
+async def test_a_hopeless_deadline_is_refused_at_admission_and_the_rest_all_run(
+    tmp_path: Path,
+) -> None:
+    """One slot of 1 s batches of 32 with 400 ahead: 13 s of work. A request due in 0.5 s is
+    refused at once (503 ``deadline_unmeetable``, with the estimate), one due in 60 s is taken,
+    and every accepted request then runs, once."""
+    registry = tmp_path / "models.toml"
+    registry.write_text(SLOW)
+    stepped = await SteppedStack.create(tmp_path, registry)
+    body = {"model": "echo-slow"}
+    async with stepped.running() as client:
+        backlog = [await stepped.submit(client, f"backlog {i}", **body) for i in range(400)]
+        await stepped.advance(0.2)  # the batcher publishes its load: what admission reads
+        hopeless = await client.post(
+            "/v1/requests", json={**body, "input": "now!", "timeout_s": 0.5}
+        )
+        assert hopeless.status_code == 503, hopeless.text
+        assert hopeless.headers["content-type"].startswith("application/problem+json")
+        assert int(hopeless.headers["retry-after"]) >= 1
+        problem = hopeless.json()
+        assert problem["code"] == "deadline_unmeetable" and problem["field"] == "deadline"
+        assert problem["estimated_s"] > 0.5
+        assert "deadline" in problem and "estimated_completion" in problem
+        patient = await stepped.submit(client, "later", **body, timeout_s=60)
+        await stepped.advance(16.0)
+        results = [await _result(client, i) for i in [*backlog, patient]]
+        async with stepped.stack.adapters.engine.connect() as conn:
+            stored = (await conn.execute(text("SELECT count(*) FROM requests"))).scalar_one()
+    assert all(r["status"] == "succeeded" for r in results)
+    assert all(r["attempts"] == 1 for r in results)
+    assert stored == len(results) == 401  # the refused one was never stored
