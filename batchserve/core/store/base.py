@@ -139,9 +139,6 @@ class StoreBase:
         self._on_change = on_change
         self._postgres = is_postgres(engine)
 
-    def set_on_change(self, on_change: OnChange | None) -> None:
-        self._on_change = on_change
-
     async def _end(
         self,
         conn: AsyncConnection,
