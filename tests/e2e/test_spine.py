@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import statistics
 import uuid
 
 import httpx
@@ -32,30 +31,6 @@ async def test_500_concurrent_requests_each_get_their_own_answer(
         assert results[request_id]["output"]["text"] == text
     sizes = [r[0] for r in db_rows(stack, "SELECT size FROM batches WHERE outcome = 'succeeded'")]
     assert max(sizes) <= 32 and sum(sizes) == 500
-
-
-async def test_backlog_on_one_slot_is_drained_in_full_batches(
-    stack: Stack, http: httpx.AsyncClient
-) -> None:
-    stack.start("batcher", "batcher")
-    stack.start("maintenance", "maintenance")
-    stack.start_api()
-    ids = await asyncio.gather(*(submit(http, f"backlog {i}") for i in range(500)))
-    stack.start(f"worker:{ECHO}", "worker", "--model", ECHO, "--slots", "1")  # the backlog waits
-    results = await wait_terminal(http, ids, timeout_s=120)
-    assert all(r["status"] == "succeeded" for r in results.values())
-    rows = db_rows(
-        stack,
-        "SELECT size, extract(epoch FROM dispatched_at), extract(epoch FROM finished_at)"
-        " FROM batches ORDER BY dispatched_at",
-    )
-    sizes = [r[0] for r in rows]
-    assert statistics.mean(sizes) >= 28, sizes
-    drain_s = float(rows[-1][2]) - float(rows[0][1])
-    mean = statistics.mean(sizes)
-    rate = 500 / drain_s
-    print(f"\none slot, 500 backlogged: {len(sizes)} batches, mean size {mean:.1f}, ")
-    print(f"{rate:.0f} req/s = {rate / 320:.3f} of the ideal 320/s")
 
 
 async def test_a_lone_request_on_an_idle_system(stack: Stack, http: httpx.AsyncClient) -> None:
