@@ -64,7 +64,7 @@ class ClockedFixed(FixedBackend):
     """The fixed model, its batch time spent on the fake clock: the model thread waits until
     the test has moved the clock past the batch's end."""
 
-    def __init__(self, backend: FixedBackend, clock: ThreadClock, batch_time_s: float) -> None:
+    def __init__(self, clock: ThreadClock, batch_time_s: float) -> None:
         self.batch_time_s = batch_time_s
         self.clock = clock
         self.waiting = 0
@@ -116,7 +116,7 @@ class SteppedStack:
             spec = self.stack.adapters.registry.get(name)
             assert spec is not None and isinstance(runner.backend, FixedBackend)
             seconds = batch_time_s.get(name, spec.batch_time_ms / 1000.0)
-            runner.backend = self.models[name] = ClockedFixed(runner.backend, self.clock, seconds)
+            runner.backend = self.models[name] = ClockedFixed(self.clock, seconds)
         self.app = create_app(self.settings, services=self.stack.api)
 
     @property
