@@ -61,7 +61,11 @@ run-embedded: install
 test: install vllm-env services
 	$(BIN)/ruff check .
 	$(BIN)/mypy .
-	$(BIN)/pytest -q -rs --durations=25
+	# Most tests wait on timers and processes, so 3 run at once on 2 cores; a file stays on one
+	# process (its shared engine or deployment starts once). Tests that restart a shared server
+	# run afterwards, alone.
+	$(BIN)/pytest -q -rs --durations=25 -n 3 --dist loadfile -m "not exclusive"
+	$(BIN)/pytest -q -rs --durations=5 -m exclusive
 
 lint: install
 	$(BIN)/ruff check .

@@ -26,7 +26,7 @@ from batchserve.core.settings import Settings
 from batchserve.core.slots import MemorySlotDirectory
 from batchserve.core.wiring import Adapters, connect
 from batchserve.models.loader import load_backend, load_engine
-from batchserve.models.plugins import plugin_for
+from batchserve.models.plugins import plugin_for, servable
 from batchserve.models.registry import Registry
 from batchserve.workers.dispatch import InProcessDispatcher
 from batchserve.workers.engine_runner import EngineRunner, EngineRunnerConfig
@@ -48,14 +48,10 @@ class EmbeddedStack:
         self.settings = settings
         self.clock = clock
         self.adapters: Adapters = connect(settings)
-        specs = []
-        for spec in self.adapters.registry.specs():
-            reason = plugin_for(spec).missing()
-            if reason is None:
-                specs.append(spec)
-            else:  # a light install serves what it can; the API then calls the model unknown
-                log.warning("model_not_served", model=spec.name, reason=reason)
-                print(f"batchserve: not serving {spec.name}: {reason}", flush=True)
+        specs, refused = servable(self.adapters.registry.specs())
+        for name, reason in refused.items():  # a light install serves what it can; the API
+            log.warning("model_not_served", model=name, reason=reason)  # calls the rest unknown
+            print(f"batchserve: not serving {name}: {reason}", flush=True)
         self.adapters.registry = Registry({spec.name: spec for spec in specs})
         runners: dict[str, BatchRunner] = {}
         self.engines: dict[str, EngineRunner] = {}

@@ -77,22 +77,18 @@ def serve(host: Host = "127.0.0.1", port: Port = 8000) -> None:
         return
     from batchserve.cli.supervisor import Supervisor, plan_children
     from batchserve.core.migrate import upgrade
-    from batchserve.models.plugins import plugin_for
+    from batchserve.models.plugins import servable
     from batchserve.models.registry import load_registry
 
     upgrade(settings.effective_database_url)
     registry = load_registry(settings.models)
-    served = []
-    for spec in registry.specs():
-        reason = plugin_for(spec).missing()
-        if reason is None:
-            served.append(spec.name)
-        else:  # the API still admits its requests: a worker elsewhere may serve it
-            typer.echo(f"batchserve: no worker here for {spec.name}: {reason}", err=True)
+    served, refused = servable(registry.specs())
+    for name, reason in refused.items():  # the API still admits them: a worker elsewhere may
+        typer.echo(f"batchserve: no worker here for {name}: {reason}", err=True)
     children = plan_children(
         host,
         port,
-        served,
+        [spec.name for spec in served],
         {s.name: s.slots for s in registry.specs()},
         metrics_port=settings.metrics_port,
     )

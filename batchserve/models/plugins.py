@@ -16,7 +16,7 @@ A third-party backend ships a :class:`BackendPlugin` and names it in its own pac
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import import_module
 from importlib.metadata import entry_points
@@ -132,6 +132,19 @@ def backend(name: str) -> BackendPlugin:
     if name not in known:
         raise ValueError(f"unknown backend {name!r}; installed: {', '.join(sorted(known))}")
     return known[name]
+
+
+def servable(specs: Iterable[ModelSpec]) -> tuple[list[ModelSpec], dict[str, str]]:
+    """The specs whose backend loads here, and why each of the others cannot (by name)."""
+    served: list[ModelSpec] = []
+    refused: dict[str, str] = {}
+    for spec in specs:
+        reason = plugin_for(spec).missing()
+        if reason is None:
+            served.append(spec)
+        else:
+            refused[spec.name] = reason
+    return served, refused
 
 
 def is_engine(spec: ModelSpec) -> bool:

@@ -319,9 +319,7 @@ class OpenBatch:
         self.batch_id = uuid.UUID(message.batch_id)
         self.worker = worker
         self.starting = asyncio.create_task(runner.claim_lease(self.batch_id, worker))
-        self._holding = asyncio.create_task(
-            runner.hold_lease(self.batch_id, worker, self.starting)
-        )
+        self._holding = asyncio.create_task(runner.hold_lease(self.batch_id, worker, self.starting))
         self.model_started = runner.clock()
         self.early = _EarlyResults(runner, message, self.starting, self.model_started)
         self.ours = False

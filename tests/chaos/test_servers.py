@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import httpx
+import pytest
 
 from batchserve.bench.loadgen import open_loop, poisson_schedule
 from batchserve.testing.deployment import Stack
@@ -20,6 +21,10 @@ from batchserve.testing.faults import (
 from tests.chaos.conftest import exactly_once
 from tests.support import keys
 from tests.support.live import wait_terminal
+
+# Postgres, RabbitMQ and Redis go down here: nothing else may run meanwhile (`make test` runs
+# these after the rest, alone).
+pytestmark = pytest.mark.exclusive
 
 ECHO = "echo-100ms"
 

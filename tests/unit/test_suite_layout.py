@@ -1,0 +1,30 @@
+"""`make test` runs the suite in parallel processes and, afterwards and alone, the tests that take a
+shared server down. A test module that restarts Postgres, RabbitMQ or Redis and is not marked so
+would break whatever runs beside it: it fails here instead."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TAKES_A_SERVER_DOWN = re.compile(r"\b(?:restart|stop)_(?:postgres|redis|rabbitmq)\b")
+MARKED = re.compile(r"^pytestmark = pytest\.mark\.exclusive$", re.MULTILINE)
+
+
+def test_every_module_that_takes_a_server_down_runs_alone() -> None:
+    modules = sorted((ROOT / "tests").rglob("test_*.py"))
+    downing = [m for m in modules if TAKES_A_SERVER_DOWN.search(m.read_text())]
+    assert downing, "the server chaos tests moved: update this test"
+    unmarked = [str(m.relative_to(ROOT)) for m in downing if not MARKED.search(m.read_text())]
+    assert unmarked == []
+    marked = [m for m in modules if MARKED.search(m.read_text())]
+    assert marked == downing  # nothing runs alone that need not
+
+
+def test_make_test_runs_the_rest_in_parallel_then_the_exclusive_ones() -> None:
+    recipe = (ROOT / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    runs = [line.strip() for line in recipe.splitlines() if "pytest" in line and "#" not in line]
+    assert len(runs) == 2, runs
+    assert " -n " in runs[0] and '-m "not exclusive"' in runs[0] and "--dist loadfile" in runs[0]
+    assert " -n " not in runs[1] and "-m exclusive" in runs[1]
