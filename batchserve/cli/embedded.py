@@ -48,9 +48,10 @@ class EmbeddedStack:
         self.settings = settings
         self.clock = clock
         self.adapters: Adapters = connect(settings)
+        # A light install serves what it can; the API then calls the rest unknown.
         specs, refused = servable(self.adapters.registry.specs())
-        for name, reason in refused.items():  # a light install serves what it can; the API
-            log.warning("model_not_served", model=name, reason=reason)  # calls the rest unknown
+        for name, reason in refused.items():
+            log.warning("model_not_served", model=name, reason=reason)
             print(f"batchserve: not serving {name}: {reason}", flush=True)
         self.adapters.registry = Registry({spec.name: spec for spec in specs})
         runners: dict[str, BatchRunner] = {}

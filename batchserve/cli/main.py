@@ -82,8 +82,9 @@ def serve(host: Host = "127.0.0.1", port: Port = 8000) -> None:
 
     upgrade(settings.effective_database_url)
     registry = load_registry(settings.models)
+    # The API still admits requests for the others: a worker elsewhere may serve them.
     served, refused = servable(registry.specs())
-    for name, reason in refused.items():  # the API still admits them: a worker elsewhere may
+    for name, reason in refused.items():
         typer.echo(f"batchserve: no worker here for {name}: {reason}", err=True)
     children = plan_children(
         host,

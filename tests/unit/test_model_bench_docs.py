@@ -39,7 +39,7 @@ def test_every_run_the_docs_show_has_its_json() -> None:
     assert {name for name, _ in runs()} >= {"model-bench-bf16.json", "model-bench-avx2.json"}
 
 
-@pytest.mark.parametrize("name,section", runs(), ids=[name for name, _ in runs()])
+@pytest.mark.parametrize(("name", "section"), [pytest.param(*run, id=run[0]) for run in runs()])
 def test_each_table_row_is_the_recorded_figure(name: str, section: str) -> None:
     figures = {
         f["name"]: f["tokens_per_s"]
