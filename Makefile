@@ -17,7 +17,7 @@ AIPERF_VERSION := 0.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install vllm-env bench-client run run-embedded test lint services clean
+.PHONY: install vllm-env bench-client run run-embedded test static-checks lint services clean
 
 install: $(STAMP)
 
@@ -58,14 +58,19 @@ run: install
 run-embedded: install
 	exec $(BIN)/batchserve serve --host $(HOST) --port $(PORT)
 
-test: install vllm-env services
-	$(BIN)/ruff check .
-	$(BIN)/mypy .
+test:
+	# The two environments install at once (mostly downloads and unpacking: one core each), and
+	# the static checks run as soon as the first is ready, beside the second's install.
+	$(MAKE) --no-print-directory -j2 vllm-env static-checks services
 	# Most tests wait on timers and processes, so 3 run at once on 2 cores; a file stays on one
 	# process (its shared engine or deployment starts once). Tests that restart a shared server
 	# run afterwards, alone.
 	$(BIN)/pytest -q -rs --durations=25 -n 3 --dist loadfile -m "not exclusive"
 	$(BIN)/pytest -q -rs --durations=5 -m exclusive
+
+static-checks: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy .
 
 lint: install
 	$(BIN)/ruff check .
