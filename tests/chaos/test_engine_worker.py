@@ -13,6 +13,16 @@ from tests.support.live import db_rows, wait_terminal
 from tests.support.streams import assembled, sse_events
 
 SMOL = "smollm2-135m"  # an engine of 32 sequences in the test registry
+# The first shorts end at token 8 and the waiting take their room; the kill comes soon after
+# (13 pieces into the followed long one here), well before any long one ends. What had not
+# finished then runs again in isolation groups, one at a time, each as long as its longest:
+# with 64-token longs that took 57 s of a 117 s test on 2 cores; 40 keeps a margin.
+SHORT_TOKENS, LONG_TOKENS = 8, 40
+
+
+def tokens(n: int) -> int:
+    """A third are short: they finish early and the waiting ones take their room."""
+    return SHORT_TOKENS if n % 3 == 0 else LONG_TOKENS
 
 
 async def follow(http: httpx.AsyncClient, request_id: str, lines: list[str]) -> None:
@@ -31,12 +41,11 @@ async def test_sigkill_with_32_sequences_running_loses_and_repeats_nothing(
     stack.start("worker", "worker", "--model", SMOL)
     stack.start_api()
     stack.wait_slots(SMOL, 32)
-    # A third are short: they finish early and the waiting ones take their room.
     bodies = [
         {
             "model": SMOL,
             "messages": [{"role": "user", "content": f"Tell me a long story, number {n}."}],
-            "params": {"max_tokens": 8 if n % 3 == 0 else 64, "temperature": 0, "ignore_eos": True},
+            "params": {"max_tokens": tokens(n), "temperature": 0, "ignore_eos": True},
         }
         for n in range(48)
     ]
@@ -60,8 +69,9 @@ async def test_sigkill_with_32_sequences_running_loses_and_repeats_nothing(
     # A client follows one long answer across the kill, from its first pieces.
     (followed,) = db_rows(
         stack,
-        "SELECT id FROM requests WHERE state = 'running' AND max_tokens = 64 "
+        "SELECT id FROM requests WHERE state = 'running' AND max_tokens = :long "
         "ORDER BY created_at LIMIT 1",
+        long=LONG_TOKENS,
     )[0]
     lines: list[str] = []
     following = asyncio.create_task(follow(http, str(followed), lines))
@@ -69,6 +79,7 @@ async def test_sigkill_with_32_sequences_running_loses_and_repeats_nothing(
     while "event: delta" not in lines and time.monotonic() < give_up:
         await asyncio.sleep(0.05)
     assert "event: delta" in lines
+    pieces_at_kill = lines.count("event: delta")  # how far into its tokens the kill came
     killed_at = time.time()
     stack.kill("worker")  # SIGKILL: the engine and every sequence in it die at once
     in_flight = {
@@ -79,11 +90,13 @@ async def test_sigkill_with_32_sequences_running_loses_and_repeats_nothing(
 
     results = await wait_terminal(http, ids, timeout_s=600)
     recovered_s = time.time() - killed_at
-    print(f"\n32 sequences killed mid-generation; all 48 done {recovered_s:.1f} s after the kill")
+    print(
+        f"\n32 sequences killed mid-generation (the followed one {pieces_at_kill} pieces of "
+        f"{LONG_TOKENS} in); all 48 done {recovered_s:.1f} s after the kill"
+    )
     assert {r["status"] for r in results.values()} == {"succeeded"}
     for n, request_id in enumerate(ids):
-        expected = 8 if n % 3 == 0 else 64
-        assert results[request_id]["usage"]["completion_tokens"] == expected
+        assert results[request_id]["usage"]["completion_tokens"] == tokens(n)
     for request_id, output in before.items():
         # What had finished before the kill was not run again, nor its answer touched.
         assert results[request_id]["attempts"] == 1
