@@ -3,6 +3,7 @@ with its own database (cloned from a migrated template), queue and key namespace
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import AsyncIterator, Iterator
@@ -55,12 +56,21 @@ def template_db(live_servers: None, run_id: str) -> Iterator[str]:
     servers.drop_database(name)
 
 
+@contextlib.contextmanager
+def own_database(template_db: str, run_id: str, suffix: str) -> Iterator[str]:
+    """A database cloned from the migrated template, dropped at the end; its URL."""
+    name = f"{servers.DB_PREFIX}{run_id}_{suffix}"
+    servers.create_database(name, template=template_db)
+    try:
+        yield servers.pg_url(name)
+    finally:
+        servers.drop_database(name)
+
+
 @pytest.fixture
 def database_url(template_db: str, run_id: str) -> Iterator[str]:
-    name = f"{servers.DB_PREFIX}{run_id}_{next(_counter)}"
-    servers.create_database(name, template=template_db)
-    yield servers.pg_url(name)
-    servers.drop_database(name)
+    with own_database(template_db, run_id, str(next(_counter))) as url:
+        yield url
 
 
 @pytest.fixture
@@ -97,24 +107,39 @@ def registered_test_models() -> list[str]:
     return load_registry(TEST_MODELS).names()
 
 
+@contextlib.contextmanager
+def deployment(database_url: str, namespace: str, log_dir: Path) -> Iterator[Stack]:
+    """A deployment on its own database and namespace: its roles stopped and its queues
+    deleted at the end."""
+    env = {**os.environ, **server_env(database_url, namespace)}
+    stack = Stack(env=env, log_dir=log_dir, keys={"tests": keys.key()})
+    try:
+        yield stack
+    finally:
+        stack.stop_all()
+        servers.delete_namespace_queues(namespace, registered_test_models())
+
+
 @pytest.fixture
 def stack(database_url: str, namespace: str, tmp_path: Path) -> Iterator[Stack]:
-    env = {**os.environ, **server_env(database_url, namespace)}
-    deployment = Stack(env=env, log_dir=tmp_path, keys={"tests": keys.key()})
-    try:
-        yield deployment
-    finally:
-        deployment.stop_all()
-        servers.delete_namespace_queues(namespace, registered_test_models())
+    with deployment(database_url, namespace, tmp_path) as started:
+        yield started
+
+
+@contextlib.asynccontextmanager
+async def client_of(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of ``stack``'s API (start the API first)."""
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+    async with httpx.AsyncClient(
+        base_url=stack.url, timeout=60, limits=limits, headers=keys.auth()
+    ) as client:
+        yield client
 
 
 @pytest.fixture
 async def http(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
     """A client of the stack's API (start the API first)."""
-    limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
-    async with httpx.AsyncClient(
-        base_url=stack.url, timeout=60, limits=limits, headers=keys.auth()
-    ) as client:
+    async with client_of(stack) as client:
         yield client
 
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 
 import httpx
+import pytest
 from typer.testing import CliRunner
 
 from batchserve.cli.main import app
 from batchserve.testing.deployment import Stack
+from tests.conftest import client_of, deployment, own_database
 from tests.support.live import db_rows, wait_terminal
 
 SMOL = "smollm2-135m"
@@ -75,14 +78,52 @@ def most_at_once(spans: list[tuple[float, float]]) -> int:
     return peak
 
 
-async def test_64_chat_requests_and_two_models_at_once(
-    stack: Stack, http: httpx.AsyncClient
+@pytest.fixture(scope="module")
+def shared(
+    template_db: str, run_id: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    """One deployment of the real model (and echo) for the tests here that only send it
+    requests and read their own: a real-model worker's start (imports, load, the engine's
+    measurement of its speed) is 15-30 s here, once instead of once a test.
+
+    Its tests come first and one after another: an engine worker left idle for longer than
+    its stall limit (30 s here) takes its next request for a hung engine and exits (its last
+    step is that old), and nothing here restarts it."""
+    log_dir = tmp_path_factory.mktemp("real-model")
+    with (
+        own_database(template_db, run_id, "realmodel") as url,
+        deployment(url, f"{run_id}realmodel", log_dir) as stack,
+    ):
+        stack.start_all({SMOL: 1, ECHO: 1})
+        yield stack
+
+
+@pytest.fixture
+async def shared_http(shared: Stack) -> AsyncIterator[httpx.AsyncClient]:
+    async with client_of(shared) as client:
+        yield client
+
+
+async def test_a_long_healthy_generation_is_never_taken_for_poison(
+    shared_http: httpx.AsyncClient,
 ) -> None:
-    stack.start_all({SMOL: 1, ECHO: 1})
+    # First on the shared deployment, so that the batcher's time limit for it comes from the
+    # engine's measured speed, as on a fresh deployment, not from what the tests below teach.
+    # The registry's limit, all of it generated (end of sequence ignored).
+    request_id = await submit(shared_http, chat(STORY, 512, ignore_eos=True))
+    result = (await wait_terminal(shared_http, [request_id], timeout_s=600))[request_id]
+    assert result["status"] == "succeeded", result
+    assert result["usage"]["completion_tokens"] == 512
+    assert result["attempts"] == 1 and result["error"] is None
+
+
+async def test_64_chat_requests_and_two_models_at_once(
+    shared: Stack, shared_http: httpx.AsyncClient
+) -> None:
     smol = [chat(QUESTIONS[i % len(QUESTIONS)] + f" ({i})") for i in range(64)]
     echo: list[dict[str, object]] = [{"model": ECHO, "input": f"echo {i}"} for i in range(64)]
-    ids = await asyncio.gather(*(submit(http, b) for b in smol + echo))
-    results = await wait_terminal(http, ids, timeout_s=400)
+    ids = await asyncio.gather(*(submit(shared_http, b) for b in smol + echo))
+    results = await wait_terminal(shared_http, ids, timeout_s=400)
     for request_id in ids[:64]:
         result = results[request_id]
         assert result["status"] == "succeeded", result
@@ -94,29 +135,30 @@ async def test_64_chat_requests_and_two_models_at_once(
     for i, request_id in enumerate(ids[64:]):
         assert results[request_id]["output"]["text"] == f"echo {i}"
     mixed = db_rows(
-        stack,
+        shared,
         "SELECT b.id FROM batches b JOIN requests r ON r.batch_id = b.id "
         "GROUP BY b.id HAVING count(DISTINCT r.model) > 1 OR min(r.model) <> min(b.model)",
     )
     assert mixed == []  # every batch held one model
     # The batcher never sent the engine more than it holds (32 sequences in the test
     # registry): at no moment were more requests in it than that.
-    peak = most_at_once(engine_spans(stack, SMOL))
+    peak = most_at_once(engine_spans(shared, SMOL))
     assert 16 <= peak <= 32, peak
-    open_batches = db_rows(stack, "SELECT count(*) FROM batches WHERE outcome IS NULL")
+    open_batches = db_rows(shared, "SELECT count(*) FROM batches WHERE outcome IS NULL")
     assert open_batches[0][0] == 0  # every batch closed when its last sequence left
 
 
 async def test_a_short_request_never_waits_for_a_long_one(
-    stack: Stack, http: httpx.AsyncClient
+    shared_http: httpx.AsyncClient,
 ) -> None:
-    stack.start_all({SMOL: 1})
-    await wait_terminal(http, [await submit(http, chat("Warm up.", 2))], timeout_s=120)
-    long_id = await submit(http, chat(STORY, 160, ignore_eos=True))
-    await until_running(http, long_id)
+    await wait_terminal(
+        shared_http, [await submit(shared_http, chat("Warm up.", 2))], timeout_s=120
+    )
+    long_id = await submit(shared_http, chat(STORY, 160, ignore_eos=True))
+    await until_running(shared_http, long_id)
     await asyncio.sleep(1.0)  # well into its generation
-    short_id = await submit(http, chat(STORY, 4))
-    results = await wait_terminal(http, [short_id, long_id], timeout_s=300)
+    short_id = await submit(shared_http, chat(STORY, 4))
+    results = await wait_terminal(shared_http, [short_id, long_id], timeout_s=300)
     short, long = results[short_id], results[long_id]
     assert short["status"] == long["status"] == "succeeded"
     assert short["usage"]["completion_tokens"] == 4
@@ -125,6 +167,60 @@ async def test_a_short_request_never_waits_for_a_long_one(
     # It joined the running engine and left as soon as it was done, long before its elder.
     assert finished[short_id] < finished[long_id]
     assert short["timings"]["model_ms"] < long["timings"]["model_ms"] / 5
+
+
+async def test_a_hopeless_deadline_is_refused_at_submit(
+    shared: Stack, shared_http: httpx.AsyncClient
+) -> None:
+    stored = db_rows(shared, "SELECT count(*) FROM requests")[0][0]
+    # 512 tokens cannot be made in one second on this model, whatever the queue.
+    for _ in range(50):  # until the batcher has published its load and the engine's speed
+        estimate = (await shared_http.get(f"/v1/models/{SMOL}")).json()["estimate"]
+        if estimate and estimate["source"] != "none":
+            break
+        await asyncio.sleep(0.1)
+    response = await shared_http.post("/v1/requests", json={**chat(STORY, 512), "timeout_s": 1})
+    assert response.status_code == 503, response.text
+    assert response.json()["code"] == "deadline_unmeetable"
+    assert db_rows(shared, "SELECT count(*) FROM requests")[0][0] == stored  # none stored
+
+
+def test_a_128_token_answer_streams_token_by_token(shared: Stack) -> None:
+    from openai import OpenAI
+
+    from tests.support import keys
+
+    client = OpenAI(base_url=f"{shared.url}/v1", api_key=keys.key(), max_retries=0, timeout=300)
+    client.chat.completions.create(  # warm up: the engine's first request pays for its start
+        model=SMOL, messages=[{"role": "user", "content": "Hi."}], max_tokens=2
+    )
+    started = time.monotonic()
+    arrivals: list[tuple[float, str]] = []
+    for chunk in client.chat.completions.create(
+        model=SMOL,
+        messages=[{"role": "user", "content": STORY}],
+        max_tokens=128,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    ):
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.append((time.monotonic() - started, chunk.choices[0].delta.content))
+        elif chunk.usage is not None:
+            assert chunk.usage.completion_tokens == 128
+    ttft_s, total_s = arrivals[0][0], arrivals[-1][0]
+    print(f"\nsmollm2-135m, 128 tokens streamed: TTFT {ttft_s:.3f} s, last {total_s:.3f} s")
+    assert len(arrivals) > 32  # piece by piece, not at once
+    assert ttft_s < total_s / 4  # the first piece well before the last
+    request_id = db_rows(shared, "SELECT id FROM requests ORDER BY created_at DESC LIMIT 1")[0][0]
+    [(output, ttft_ms)] = db_rows(
+        shared, "SELECT output, ttft_ms FROM requests WHERE id = :id", id=request_id
+    )
+    assert "".join(text for _, text in arrivals) == output and 0 < ttft_ms < total_s * 1000
+
+
+# The tests below start deployments of their own.
 
 
 async def test_cancelling_a_running_generation_frees_its_room_at_once(
@@ -156,18 +252,6 @@ async def test_cancelling_a_running_generation_frees_its_room_at_once(
     assert rows and rows[0][0] < 400  # the engine stopped generating for it
 
 
-async def test_a_long_healthy_generation_is_never_taken_for_poison(
-    stack: Stack, http: httpx.AsyncClient
-) -> None:
-    stack.start_all({SMOL: 1})
-    # The registry's limit, all of it generated (end of sequence ignored).
-    request_id = await submit(http, chat(STORY, 512, ignore_eos=True))
-    result = (await wait_terminal(http, [request_id], timeout_s=600))[request_id]
-    assert result["status"] == "succeeded", result
-    assert result["usage"]["completion_tokens"] == 512
-    assert result["attempts"] == 1 and result["error"] is None
-
-
 async def test_the_learned_sequence_time_is_live(stack: Stack, http: httpx.AsyncClient) -> None:
     stack.start_all({SMOL: 1})
     for _ in range(50):  # the batcher reads the worker's announcement every 0.25 s
@@ -195,22 +279,6 @@ async def test_the_learned_sequence_time_is_live(stack: Stack, http: httpx.Async
     assert row["kind"] == "engine" and row["estimate"]["source"] == "learned"
 
 
-async def test_a_hopeless_deadline_is_refused_at_submit(
-    stack: Stack, http: httpx.AsyncClient
-) -> None:
-    stack.start_all({SMOL: 1})
-    # 512 tokens cannot be made in one second on this model, whatever the queue.
-    for _ in range(50):  # until the batcher has published its load and the engine's speed
-        estimate = (await http.get(f"/v1/models/{SMOL}")).json()["estimate"]
-        if estimate and estimate["source"] != "none":
-            break
-        await asyncio.sleep(0.1)
-    response = await http.post("/v1/requests", json={**chat(STORY, 512), "timeout_s": 1})
-    assert response.status_code == 503, response.text
-    assert response.json()["code"] == "deadline_unmeetable"
-    assert db_rows(stack, "SELECT count(*) FROM requests")[0][0] == 0
-
-
 async def test_a_prompt_longer_than_the_context_is_refused_at_admission(
     stack: Stack, http: httpx.AsyncClient
 ) -> None:
@@ -225,39 +293,3 @@ async def test_a_prompt_longer_than_the_context_is_refused_at_admission(
     problem = response.json()
     assert problem["code"] == "context_length_exceeded" and problem["field"] == "messages"
     assert problem["limit"]["context_length"] == 8192
-
-
-def test_a_128_token_answer_streams_token_by_token(stack: Stack) -> None:
-    from openai import OpenAI
-
-    from tests.support import keys
-
-    stack.start_all({SMOL: 1})
-    client = OpenAI(base_url=f"{stack.url}/v1", api_key=keys.key(), max_retries=0, timeout=300)
-    client.chat.completions.create(  # warm up: the engine's first request pays for its start
-        model=SMOL, messages=[{"role": "user", "content": "Hi."}], max_tokens=2
-    )
-    started = time.monotonic()
-    arrivals: list[tuple[float, str]] = []
-    for chunk in client.chat.completions.create(
-        model=SMOL,
-        messages=[{"role": "user", "content": STORY}],
-        max_tokens=128,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-        extra_body={"ignore_eos": True},
-    ):
-        if chunk.choices and chunk.choices[0].delta.content:
-            arrivals.append((time.monotonic() - started, chunk.choices[0].delta.content))
-        elif chunk.usage is not None:
-            assert chunk.usage.completion_tokens == 128
-    ttft_s, total_s = arrivals[0][0], arrivals[-1][0]
-    print(f"\nsmollm2-135m, 128 tokens streamed: TTFT {ttft_s:.3f} s, last {total_s:.3f} s")
-    assert len(arrivals) > 32  # piece by piece, not at once
-    assert ttft_s < total_s / 4  # the first piece well before the last
-    request_id = db_rows(stack, "SELECT id FROM requests ORDER BY created_at DESC LIMIT 1")[0][0]
-    [(output, ttft_ms)] = db_rows(
-        stack, "SELECT output, ttft_ms FROM requests WHERE id = :id", id=request_id
-    )
-    assert "".join(text for _, text in arrivals) == output and 0 < ttft_ms < total_s * 1000
