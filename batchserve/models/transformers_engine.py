@@ -177,6 +177,10 @@ class TransformersEngine(Engine):
         self._thread.start()
 
     def add(self, request: SequenceRequest) -> None:
+        if not self._rows and not self._waiting and self._inbox.empty():
+            # An idle engine is not a stalled one: its stall clock starts with its work, not
+            # with its last step before it went idle (minutes ago, maybe).
+            self.last_step_at = self._clock()
         self._inbox.put(request)
         self._wake.set()
 

@@ -84,11 +84,9 @@ def shared(
 ) -> Iterator[Stack]:
     """One deployment of the real model (and echo) for the tests here that only send it
     requests and read their own: a real-model worker's start (imports, load, the engine's
-    measurement of its speed) is 15-30 s here, once instead of once a test.
-
-    Its tests come first and one after another: an engine worker left idle for longer than
-    its stall limit (30 s here) takes its next request for a hung engine and exits (its last
-    step is that old), and nothing here restarts it."""
+    measurement of its speed) is 15-30 s here, once instead of once a test. Its worker sits
+    idle between the tests (an idle engine is not a stalled one:
+    ``test_work_arriving_at_an_idle_engine_does_not_find_it_stalled``)."""
     log_dir = tmp_path_factory.mktemp("real-model")
     with (
         own_database(template_db, run_id, "realmodel") as url,

@@ -294,6 +294,24 @@ def test_an_aborted_sequence_leaves_at_the_next_step(engine: TransformersEngine)
     assert engine.health().running == 0  # its row is free again
 
 
+def test_work_arriving_at_an_idle_engine_does_not_find_it_stalled(
+    engine: TransformersEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's watchdog reads the time since the last step while sequences run: an engine
+    idle for longer than the stall limit must not look hung the moment a request arrives (its
+    first step, a prefill, may take a second; the watchdog may look before it ends)."""
+    assert engine.health().running == 0 and engine.health().waiting == 0
+    last_step = engine.health().last_step_at
+    monkeypatch.setattr(engine, "_clock", lambda: last_step + 600.0)  # ten minutes idle
+    engine.add(req("after-a-pause", messages=chat(QUESTIONS[0]), max_tokens=2))
+    health = engine.health()
+    assert health.waiting == 1
+    assert health.last_step_at == last_step + 600.0  # not 600 s since its last step
+    with torch.inference_mode():
+        while engine.health().waiting or engine.health().running:
+            engine.step()
+
+
 def test_admission_waits_for_room_in_the_kv_budget(spec: ModelSpec) -> None:
     small = ModelSpec(
         name=spec.name,
