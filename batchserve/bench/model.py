@@ -97,6 +97,9 @@ class ModelBench:
             "service_transformers_vs_vllm_direct": self.ratio(
                 "service-transformers", "vllm-direct"
             ),
+            # What the best engine on this machine makes of the same work: where vLLM itself is
+            # short of 3x the static loop (float32 CPUs), the transformers engine cannot be.
+            "vllm_direct_vs_static_fp32": self.ratio("vllm-direct", "static-float32"),
         }
         return data
 
