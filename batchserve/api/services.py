@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -12,12 +13,15 @@ from batchserve.api.group_commit import Admitter
 from batchserve.api.quotas import Quotas
 from batchserve.api.waiters import Waiters
 from batchserve.core.domain import from_epoch
+from batchserve.core.logs import get_logger
 from batchserve.core.secretbox import SecretBox
 from batchserve.core.settings import Settings
 from batchserve.core.ssrf import Allowlist, UrlGuard
 from batchserve.core.webhook_secrets import WebhookSecrets
 from batchserve.core.wiring import Adapters, connect
 from batchserve.models.tokens import PromptCounter
+
+log = get_logger("batchserve.api")
 
 
 @dataclass
@@ -72,9 +76,24 @@ class ApiServices:
         self.quotas.start()
         self.prompt_counter.prewarm()
 
-    async def stop(self, *, close_adapters: bool = True) -> None:
-        await self.admitter.stop()
-        await self.waiters.stop()
-        await self.quotas.stop()
+    async def stop(self, *, close_adapters: bool = True, step_s: float = 10.0) -> None:
+        """Stop each part in turn, none for longer than ``step_s`` past its own bound (the
+        admitter finishes its flushes within 15 s): a part that does not stop is named in the
+        log and left behind, so that the process still stops."""
+        await _bounded("admitter", self.admitter.stop(), 15.0 + step_s)
+        await _bounded("waiters", self.waiters.stop(), step_s)
+        await _bounded("quotas", self.quotas.stop(), step_s)
         if close_adapters:
-            await self.adapters.close()
+            await _bounded("adapters", self.adapters.close(), step_s)
+
+
+async def _bounded(part: str, stopping: Awaitable[None], timeout_s: float) -> None:
+    """Await ``stopping`` for at most ``timeout_s``; then cancel it and go on without waiting
+    (a coroutine that swallows its cancellation must not hold the process's shutdown)."""
+    task = asyncio.ensure_future(stopping)
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    if not done:
+        task.cancel()
+        log.warning("api_stop_part_timeout", part=part, timeout_s=timeout_s)
+    elif task.exception() is not None:
+        log.warning("api_stop_part_failed", part=part, error=task.exception())
