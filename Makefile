@@ -72,10 +72,8 @@ static-checks: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy .
 
-lint: install
-	$(BIN)/ruff check .
+lint: static-checks
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy .
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(CLIENT_VENV) .pytest_cache .mypy_cache .ruff_cache

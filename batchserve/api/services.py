@@ -95,5 +95,5 @@ async def _bounded(part: str, stopping: Awaitable[None], timeout_s: float) -> No
     if not done:
         task.cancel()
         log.warning("api_stop_part_timeout", part=part, timeout_s=timeout_s)
-    elif task.exception() is not None:
-        log.warning("api_stop_part_failed", part=part, error=task.exception())
+    elif not task.cancelled() and (error := task.exception()) is not None:
+        log.warning("api_stop_part_failed", part=part, error=error)
