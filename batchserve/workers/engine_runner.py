@@ -62,6 +62,11 @@ class EngineRunnerConfig:
     # longer renewed and ``on_stalled`` is called (the worker process exits, and restarts).
     stall_s: float = 60.0
     tick_s: float = 0.1  # how often deadlines and time limits are checked
+    # Past its time limit a sequence is stopped once it has made no token for this long; one
+    # still making tokens (a busy machine runs every sequence slower than the learned speed)
+    # is left to finish until ``slow_factor`` times its limit.
+    progress_grace_s: float = 30.0
+    slow_factor: float = 3.0
     write_patience_s: float = 30.0
 
 
@@ -90,6 +95,8 @@ class _Sequence:
     pieces: list[str] = field(default_factory=list)
     first_token_at: float | None = None
     last_piece_at: float | None = None
+    tokens: int = 0  # completion tokens so far
+    last_token_at: float | None = None
     ended: bool = False  # cancelled, expired or failed here: the engine's last word is moot
 
 
@@ -257,8 +264,11 @@ class EngineRunner:
                 if sequence.last_piece_at is not None:
                     inter_token.observe(now - sequence.last_piece_at)
                 sequence.last_piece_at = now
-            if sequence.first_token_at is None and update.completion_tokens:
-                sequence.first_token_at = now
+            if update.completion_tokens > sequence.tokens:
+                sequence.tokens = update.completion_tokens
+                sequence.last_token_at = now
+                if sequence.first_token_at is None:
+                    sequence.first_token_at = now
             if update.finished:
                 self._finished(sequence, update, now)
         if deltas and self._tokens is not None:
@@ -435,7 +445,7 @@ class EngineRunner:
                 sequence.ended = True
                 self.engine.abort(item.request_id)
                 self._to_expire.setdefault(sequence.batch.batch_id, []).append(item.request_id)
-            elif _past_time_limit(sequence, now):
+            elif self._past_time_limit(sequence, now):
                 sequence.ended = True
                 self.engine.abort(item.request_id)
                 assert sequence.first_token_at is not None and item.time_limit_s is not None
@@ -449,7 +459,7 @@ class EngineRunner:
                 message = (
                     f"stopped after generating for {generating_s:.1f} s, past its time limit "
                     f"of {item.time_limit_s:.1f} s (its max_tokens at the learned time a token "
-                    "of this model)"
+                    f"of this model), with {sequence.tokens} tokens made"
                 )
                 error = ItemResult(
                     item.request_id, error_code=ErrorCode.MODEL_ERROR.value, error_message=message
@@ -507,8 +517,18 @@ class EngineRunner:
                 await asyncio.sleep(0.5)
                 self._dirty.set()
 
+    def _past_time_limit(self, sequence: _Sequence, now: float) -> bool:
+        """Stuck: past its limit and no token for a while, or far past it however it goes.
 
-def _past_time_limit(sequence: _Sequence, now: float) -> bool:
-    limit = sequence.item.time_limit_s
-    started = sequence.first_token_at
-    return limit is not None and started is not None and now - started > limit
+        The limit counts from the first token (before it, a sequence waits on the prompts of
+        those around it). A sequence still making tokens past it is slow, not stuck: the
+        machine is busier than when the speed was learned, and its ``max_tokens`` ends it
+        anyway. Only ``slow_factor`` times over is it stopped while making tokens."""
+        limit = sequence.item.time_limit_s
+        started = sequence.first_token_at
+        if limit is None or started is None or now - started <= limit:
+            return False
+        if now - started > limit * self.config.slow_factor:
+            return True
+        last = sequence.last_token_at if sequence.last_token_at is not None else started
+        return now - last > self.config.progress_grace_s

@@ -65,6 +65,7 @@ class ScriptedEngine(Engine):
     running: dict[str, _Running] = field(default_factory=dict)
     steps: int = 0
     hung: bool = False  # a hung engine makes no step
+    stuck: set[str] = field(default_factory=set)  # sequences that make no token, though it steps
     added: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -104,6 +105,8 @@ class ScriptedEngine(Engine):
             stream = TextStream(_word_of(words), request.stop)
             self.running[request.request_id] = _Running(request, words, stream)
         for request_id, sequence in list(self.running.items()):
+            if request_id in self.stuck:
+                continue
             sequence.stream.push(sequence.generated)
             sequence.generated += 1
             reason = None

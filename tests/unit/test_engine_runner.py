@@ -180,21 +180,66 @@ async def test_a_running_request_past_its_deadline_is_expired_and_freed(rig: Rig
     assert sorted(freed) == sorted([late, other])
 
 
-async def test_a_sequence_past_its_time_limit_is_stopped_and_failed(rig: Rig) -> None:
-    message, (slow,) = await rig.batch(["a b"], max_tokens=500, time_limit_s=5.0)
+async def test_a_sequence_past_its_time_limit_making_no_tokens_is_stopped_and_failed(
+    rig: Rig,
+) -> None:
+    message, (stuck,) = await rig.batch(["a b"], max_tokens=500, time_limit_s=5.0)
     await rig.runner.accept(message)
     await rig.step(10)
+    rig.engine.stuck.add(stuck)  # the engine steps on, but this sequence makes nothing
 
-    rig.clock.advance(5.0)
+    rig.clock.advance(5.0)  # past its limit, but its last token is only 5 s old
+    await rig.step()
+    await rig.runner.tick(rig.clock())
+    assert await rig.state(stuck) == "running"
+
+    grace = rig.runner.config.progress_grace_s
+    rig.clock.advance(grace)
     await rig.runner.tick(rig.clock())
     await rig.step()
 
-    record = await rig.store.get(uuid.UUID(slow))
+    record = await rig.store.get(uuid.UUID(stuck))
     assert record is not None and record.state.value == "failed"
     assert record.error_code == "model_error" and "time limit of 5.0 s" in (
         record.error_message or ""
     )
     assert "generating for" in (record.error_message or "")
+    assert stuck not in rig.engine.running
+
+
+async def test_a_sequence_past_its_limit_still_making_tokens_is_left_to_finish(
+    rig: Rig,
+) -> None:
+    # A busy machine: the sequence makes tokens at a third of the learned speed, and so runs
+    # past its limit (which the batcher set at four times the learned speed) without being stuck.
+    config = rig.runner.config
+    assert (config.progress_grace_s, config.slow_factor) == (30.0, 3.0)  # as the README says
+    message, (slow,) = await rig.batch(["a b"], max_tokens=50, time_limit_s=10.0)
+    await rig.runner.accept(message)
+    for _ in range(50):  # 50 tokens, one every 0.5 s: 24.5 s, past its 10 s, under 3 x 10 s
+        rig.clock.advance(0.45)
+        await rig.step(1)
+        await rig.runner.tick(rig.clock())
+    record = await rig.store.get(uuid.UUID(slow))
+    assert record is not None and record.state.value == "succeeded"
+    assert record.completion_tokens == 50
+
+
+async def test_a_sequence_far_past_its_limit_is_stopped_even_while_making_tokens(
+    rig: Rig,
+) -> None:
+    message, (crawling,) = await rig.batch(["a b"], max_tokens=500, time_limit_s=5.0)
+    await rig.runner.accept(message)
+    factor = rig.runner.config.slow_factor
+    for _ in range(int(5.0 * factor / 0.5) + 2):  # a token every 0.5 s, past 3 x 5 s
+        rig.clock.advance(0.45)
+        await rig.step(1)
+        await rig.runner.tick(rig.clock())
+    await rig.runner.flush()
+    record = await rig.store.get(uuid.UUID(crawling))
+    assert record is not None and record.state.value == "failed"
+    assert record.error_code == "model_error"
+    assert "time limit of 5.0 s" in (record.error_message or "")
 
 
 async def test_the_time_limit_counts_from_the_first_token(tmp_path: Path) -> None:
