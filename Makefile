@@ -17,7 +17,7 @@ AIPERF_VERSION := 0.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install vllm-env bench-client run run-embedded test static-checks lint services clean
+.PHONY: install vllm-env bench-client run run-embedded test test-models static-checks lint services clean
 
 install: $(STAMP)
 
@@ -60,13 +60,17 @@ run-embedded: install
 
 test:
 	# The two environments install at once (mostly downloads and unpacking: one core each), and
-	# the static checks run as soon as the first is ready, beside the second's install.
-	$(MAKE) --no-print-directory -j2 vllm-env static-checks services
+	# the static checks and the test models' conversion (once, into the model cache) run as soon
+	# as the first is ready, beside the second's install.
+	$(MAKE) --no-print-directory -j2 vllm-env static-checks test-models services
 	# Most tests wait on timers and processes, so 3 run at once on 2 cores; a file stays on one
-	# process (its shared engine or deployment starts once). Tests that restart a shared server
-	# run afterwards, alone.
-	$(BIN)/pytest -q -rs --durations=25 -n 3 --dist loadfile -m "not exclusive"
+	# process (its shared engine or deployment starts once), and the files go out longest first
+	# (tests/conftest.py's LONG_FILES). Tests that restart a shared server run afterwards, alone.
+	$(BIN)/pytest -q -rs --durations=25 -n 3 --dist loadfile --no-loadscope-reorder -m "not exclusive"
 	$(BIN)/pytest -q -rs --durations=5 -m exclusive
+
+test-models: install
+	$(BIN)/python -m batchserve.models.hf tests/models.toml
 
 static-checks: install
 	$(BIN)/ruff check .

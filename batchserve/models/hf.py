@@ -240,3 +240,22 @@ def cpu_threads(spec: ModelSpec) -> int:
 
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min(torch.get_num_threads(), (usable or 1) - 1))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m batchserve.models.hf [REGISTRY]``: convert every GGUF model of the registry
+    (the built-in one by default) into the cache now, as an image build or ``make test`` does,
+    so that no worker pays for it at start."""
+    import sys
+
+    from batchserve.models.registry import load_registry
+
+    args = sys.argv[1:] if argv is None else argv
+    registry = load_registry(Path(args[0]) if args else None)
+    for spec in registry.specs():
+        if "gguf_file" in spec.options or "gguf_package" in spec.options:
+            print(f"{spec.name}: {ensure_converted(spec)}")
+
+
+if __name__ == "__main__":
+    main()
