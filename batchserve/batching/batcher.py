@@ -181,6 +181,7 @@ class ModelBatcher(BatcherJobs):
         self._recently_closed: dict[uuid.UUID, float] = {}
         self._claiming: set[uuid.UUID] = set()  # claimed, not yet on the timeline
         self._learned_until: float | None = None
+        self._learned_ids: dict[uuid.UUID, float] = {}
         self.weights: dict[str, float] = {}  # tenant -> fair-share weight, from the store
         self._hold_until = float("-inf")
         self._next_due = 0.0

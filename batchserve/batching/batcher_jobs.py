@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,9 +35,14 @@ from batchserve.core.loadboard import LoadBoard, LoadSnapshot
 from batchserve.core.logs import get_logger
 from batchserve.core.slots import SlotDirectory
 from batchserve.core.store import JobStore
+from batchserve.core.store.batches import FinishedBatch, FinishedSequence
 from batchserve.models.registry import ModelSpec
 
 log = get_logger("batchserve.batcher")
+
+# How far before the newest finish it learned the learner reads again: a row whose write
+# committed after a later-finished one is still read, within this long of it.
+LEARN_OVERLAP_S = 60.0
 
 
 @dataclass(slots=True)
@@ -72,6 +77,7 @@ class BatcherJobs:
     _recently_closed: dict[uuid.UUID, float]
     _claiming: set[uuid.UUID]
     _learned_until: float | None
+    _learned_ids: dict[uuid.UUID, float]  # learned rows of the last LEARN_OVERLAP_S, by id
 
     def _typical_batch_s(self) -> float:
         raise NotImplementedError
@@ -247,18 +253,29 @@ class BatcherJobs:
 
     async def _learn(self) -> None:
         """Feed what workers finished since last time to the learned time: engine models
-        learn each sequence's time, batch models each batch's."""
+        learn each sequence's time, batch models each batch's.
+
+        Rows become visible in the order their writes commit, not in the order they finished
+        (a worker stamps the finish, then writes; several workers write at once), so each read
+        looks back ``LEARN_OVERLAP_S`` before the newest finish already learned and skips the
+        rows it has seen by id: a late commit is learned, and nothing twice."""
         assert isinstance(self.estimator, LearnedBatchTime)
+        after = None if self._learned_until is None else self._learned_until - LEARN_OVERLAP_S
+        rows: Sequence[FinishedSequence | FinishedBatch]
         if self.engine:
-            for finished_at, prompt, generated, seconds in await self._store.finished_sequences(
-                self.spec.name, after=self._learned_until
-            ):
-                self.estimator.observe(BatchObservation(BatchShape(1, prompt, generated), seconds))
-                self._learned_until = finished_at
-            return
-        rows = await self._store.finished_batches(self.spec.name, after=self._learned_until)
-        for finished_at, size, prompt_tokens, max_new_tokens, seconds in rows:
-            self.estimator.observe(
-                BatchObservation(BatchShape(size, prompt_tokens, max_new_tokens), seconds)
-            )
-            self._learned_until = finished_at
+            rows = await self._store.finished_sequences(self.spec.name, after=after)
+        else:
+            rows = await self._store.finished_batches(self.spec.name, after=after)
+        for row in rows:
+            if row.id in self._learned_ids:
+                continue
+            self._learned_ids[row.id] = row.finished_at
+            if isinstance(row, FinishedSequence):
+                shape = BatchShape(1, row.prompt_tokens, row.generated_tokens)
+            else:
+                shape = BatchShape(row.size, row.prompt_tokens, row.max_new_tokens)
+            self.estimator.observe(BatchObservation(shape, row.seconds))
+            self._learned_until = max(self._learned_until or row.finished_at, row.finished_at)
+        if self._learned_until is not None:
+            horizon = self._learned_until - LEARN_OVERLAP_S
+            self._learned_ids = {k: at for k, at in self._learned_ids.items() if at > horizon}

@@ -299,8 +299,8 @@ def measured_engine_plan(
         max_num_seqs=seqs_per_engine,
         prefill_tokens_per_s=float(profile["prefill_tokens_per_s"]),
         decode_step_s=float(profile["decode_step_s"]),
-        prompt_tokens=statistics.median(r[1] for r in rows),
-        generated_tokens=statistics.median(r[2] for r in rows),
+        prompt_tokens=statistics.median(r.prompt_tokens for r in rows),
+        generated_tokens=statistics.median(r.generated_tokens for r in rows),
     )
     plan = plan_engine_capacity(rate_rps=rate, load=load, headroom=headroom)
     return plan, {
@@ -338,11 +338,11 @@ def measured_batch_time(model: str) -> tuple[int, float, dict[str, object]]:
         )
     fitted = LearnedBatchTime(estimator_for(spec), window=len(rows), min_observations=4)
     fitted.observe_all(
-        BatchObservation(BatchShape(size, prompt, steps), seconds)
-        for _at, size, prompt, steps, seconds in rows
+        BatchObservation(BatchShape(r.size, r.prompt_tokens, r.max_new_tokens), r.seconds)
+        for r in rows
     )
-    per_request_prompt = sum(r[2] for r in rows) / max(1, sum(r[1] for r in rows))
-    steps = int(statistics.median(r[3] for r in rows))
+    per_request_prompt = sum(r.prompt_tokens for r in rows) / max(1, sum(r.size for r in rows))
+    steps = int(statistics.median(r.max_new_tokens for r in rows))
     size = spec.max_batch_size
     batch_s = fitted.batch_s(BatchShape(size, round(per_request_prompt * size), steps))
     return (

@@ -18,6 +18,7 @@ from batchserve.batching.estimate import BatchShape, FixedBatchTime, LearnedBatc
 from batchserve.core.broker import Delivery, MemoryRequestQueue
 from batchserve.core.domain import (
     BatchClosed,
+    BatchItem,
     BatchMessage,
     BatchOutcome,
     ItemResult,
@@ -220,6 +221,43 @@ async def test_the_learned_sequence_time_is_fed_by_the_running_batcher(tmp_path:
     await rig.batcher.run_due(rig.clock() + BatcherConfig().learn_s + 1)
 
     assert int(str(rig.batcher.estimate()["observations"])) >= 4
+
+
+async def test_a_result_committed_after_a_later_finish_is_still_learned(
+    tmp_path: Path,
+) -> None:
+    # Two workers: one stamps its finish first but commits its write after the other's, which
+    # finished later. The learner read the later one already; the earlier must not be lost.
+    rig = Rig(tmp_path, ENGINE)
+    rig.engines(seqs=4)
+    await rig.start()
+    await rig.arrive(4, max_tokens=50)
+    await rig.decide()
+    (message,) = rig.sent.messages
+    batch_id = uuid.UUID(message.batch_id)
+    start = await rig.store.start_batch(batch_id, "w1/1", rig.clock(), 2.0)
+    assert start is not None and not hasattr(start, "requeued")
+    early, late = message.items[:2], message.items[2:]
+    stamped_early = rig.clock()
+
+    def outcomes(items: Sequence[BatchItem], at: float) -> list[ItemOutcome]:
+        return [
+            ItemOutcome(_result(i.request_id, 10), _timings(1.2), finished_at=at) for i in items
+        ]
+
+    later = stamped_early + 1.0
+    await rig.store.complete_items(batch_id, attempt=1, outcomes=outcomes(late, later), now=later)
+    await rig.batcher.run_due(rig.clock() + BatcherConfig().learn_s + 1)
+    assert rig.batcher.estimate()["observations"] == 2
+    written = await rig.store.complete_items(
+        batch_id, attempt=1, outcomes=outcomes(early, stamped_early), now=later
+    )
+    assert written is not None and len(written) == 2
+
+    await rig.batcher.run_due(rig.clock() + 2 * BatcherConfig().learn_s + 2)
+    assert rig.batcher.estimate()["observations"] == 4
+    await rig.batcher.run_due(rig.clock() + 3 * BatcherConfig().learn_s + 3)
+    assert rig.batcher.estimate()["observations"] == 4  # nothing learned twice
 
 
 async def test_a_learned_batch_time_is_scheduled_for_batch_models(tmp_path: Path) -> None:

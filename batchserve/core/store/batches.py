@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import bindparam, case, func, insert, literal, select, text, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -30,6 +30,28 @@ from batchserve.core.store.base import (
     moving,
     requests_t,
 )
+
+
+class FinishedSequence(NamedTuple):
+    """An engine model's request that ran to the end."""
+
+    finished_at: float
+    prompt_tokens: int
+    generated_tokens: int
+    seconds: float  # in the engine
+    id: uuid.UUID
+
+
+class FinishedBatch(NamedTuple):
+    """A batch that ran to the end."""
+
+    finished_at: float
+    size: int
+    prompt_tokens: int
+    max_new_tokens: int
+    seconds: float  # model time
+    id: uuid.UUID
+
 
 # The dispatch path's statements, built once: SQLAlchemy then reuses their compiled form and
 # cache key, where building them per call cost more client CPU than running them (a lease:
@@ -322,14 +344,15 @@ class BatchVerbs(StoreBase):
 
     async def finished_sequences(
         self, model: str, *, after: float | None = None, limit: int = 500
-    ) -> list[tuple[float, int, int, float]]:
-        """Requests of an engine model that ran to the end, newest last: (finished at, prompt
-        tokens, generated tokens, seconds in the engine). The learned sequence time's data."""
+    ) -> list[FinishedSequence]:
+        """Requests of an engine model that ran to the end, newest last. The learned sequence
+        time's data."""
         query = select(
             requests_t.c.finished_at,
             requests_t.c.prompt_tokens,
             requests_t.c.completion_tokens,
             requests_t.c.model_ms,
+            requests_t.c.id,
         ).where(
             requests_t.c.model == model,
             requests_t.c.state == S.SUCCEEDED.value,
@@ -341,7 +364,9 @@ class BatchVerbs(StoreBase):
         async with transaction(self.engine) as conn:
             rows = (await conn.execute(query)).all()
         return [
-            (epoch(r[0]), int(r[1] or 0), int(r[2] or 0), float(r[3]) / 1000.0)
+            FinishedSequence(
+                epoch(r[0]), int(r[1] or 0), int(r[2] or 0), float(r[3]) / 1000.0, r[4]
+            )
             for r in reversed(rows)
         ]
 
@@ -417,15 +442,16 @@ class BatchVerbs(StoreBase):
 
     async def finished_batches(
         self, model: str, *, after: float | None = None, limit: int = 500
-    ) -> list[tuple[float, int, int, int, float]]:
-        """Batches of ``model`` that ran to the end, newest last: (finished at, size, prompt
-        tokens, max new tokens, model seconds). What the learned batch time is fitted on."""
+    ) -> list[FinishedBatch]:
+        """Batches of ``model`` that ran to the end, newest last. What the learned batch time
+        is fitted on."""
         query = select(
             batches_t.c.finished_at,
             batches_t.c.size,
             batches_t.c.prompt_tokens,
             batches_t.c.max_new_tokens,
             batches_t.c.model_ms,
+            batches_t.c.id,
         ).where(
             batches_t.c.model == model,
             batches_t.c.outcome == BatchOutcome.SUCCEEDED.value,
@@ -437,7 +463,9 @@ class BatchVerbs(StoreBase):
         async with transaction(self.engine) as conn:
             rows = (await conn.execute(query)).all()
         return [
-            (epoch(r[0]), int(r[1]), int(r[2] or 0), int(r[3] or 0), float(r[4]) / 1000.0)
+            FinishedBatch(
+                epoch(r[0]), int(r[1]), int(r[2] or 0), int(r[3] or 0), float(r[4]) / 1000.0, r[5]
+            )
             for r in reversed(rows)
         ]
 
