@@ -64,9 +64,12 @@ test:
 	# as the first is ready, beside the second's install.
 	$(MAKE) --no-print-directory -j2 vllm-env static-checks test-models services
 	# Most tests wait on timers and processes, so 3 run at once on 2 cores; a file stays on one
-	# process (its shared engine or deployment starts once), and the files go out longest first
-	# (tests/conftest.py's LONG_FILES). Tests that restart a shared server run afterwards, alone.
-	$(BIN)/pytest -q -rs --durations=25 -n 3 --dist loadfile --no-loadscope-reorder -m "not exclusive"
+	# process (its shared engine or deployment starts once). Files go out as xdist orders them,
+	# those of most tests first: the long model and chaos files, each of one to a few tests,
+	# then run beside light ones. (Longest first was tried: the model files all ran at once, the
+	# load reached 9 and six timing-bound tests failed.) Tests that restart a shared server run
+	# afterwards, alone.
+	$(BIN)/pytest -q -rs --durations=25 -n 3 --dist loadfile -m "not exclusive"
 	$(BIN)/pytest -q -rs --durations=5 -m exclusive
 
 test-models: install

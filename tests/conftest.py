@@ -21,38 +21,6 @@ from tests.support import keys, servers
 TEST_MODELS = Path(__file__).parent / "models.toml"
 _counter = itertools.count(1)
 
-# The files that take minutes, longest first (their tests' summed time on a clean clone, from
-# ``pytest --junitxml``). ``make test`` hands whole files to its processes in collection order
-# (``--dist loadfile --no-loadscope-reorder``), so these go first: a long file handed out last
-# runs on alone while the other processes sit idle. Left to itself, xdist hands out the files
-# with the most tests first, which put the two longest single-test files at the very end.
-LONG_FILES = [
-    "tests/e2e/test_vllm.py",
-    "tests/e2e/test_real_model.py",
-    "tests/integration/test_transformers_engine.py",
-    "tests/chaos/test_engine_worker.py",
-    "tests/e2e/test_bench.py",
-    "tests/chaos/test_rolling_restart.py",
-    "tests/e2e/test_spine.py",
-    "tests/e2e/test_install.py",
-    "tests/e2e/test_streaming.py",
-    "tests/chaos/test_poison.py",
-    "tests/e2e/test_policy_live.py",
-    "tests/e2e/test_tenants_live.py",
-    "tests/e2e/test_operability.py",
-    "tests/chaos/test_workers.py",
-    "tests/e2e/test_openai.py",
-    "tests/e2e/test_dashboard.py",
-    "tests/chaos/test_deadlines.py",
-    "tests/unit/test_simulator.py",
-]
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The long files first, longest first; the rest after them in their own order."""
-    rank = {path: n for n, path in enumerate(LONG_FILES)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
-
 
 @pytest.fixture(scope="session")
 def run_id() -> Iterator[str]:
