@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import httpx
+import pytest
 
 from batchserve.testing.deployment import Stack
 from tests.chaos.conftest import exactly_once
@@ -14,10 +15,12 @@ from tests.support.streams import assembled, sse_events
 
 SMOL = "smollm2-135m"  # an engine of 32 sequences in the test registry
 # The first shorts end at token 8 and the waiting take their room; the kill comes soon after
-# (13 pieces into the followed long one here), well before any long one ends. What had not
-# finished then runs again in isolation groups, one at a time, each as long as its longest:
-# with 64-token longs that took 57 s of a 117 s test on 2 cores; 40 keeps a margin.
-SHORT_TOKENS, LONG_TOKENS = 8, 40
+# (13 pieces into the followed long one on an Intel Xeon, 2-3 steps after the 32 are running),
+# before any long one ends. What had not finished then runs again in isolation groups (each
+# killed batch in halves), one group at a time, each as long as its longest: with 64-token longs
+# that took 57 s of a 117 s test on 2 cores; with 40 on a loaded AMD EPYC, where a step alone
+# took 0.45 s, ten groups ran past the test's 300 s. 24 keeps a margin on both sides.
+SHORT_TOKENS, LONG_TOKENS = 8, 24
 
 
 def tokens(n: int) -> int:
@@ -33,6 +36,7 @@ async def follow(http: httpx.AsyncClient, request_id: str, lines: list[str]) -> 
             lines.append(line)
 
 
+@pytest.mark.timeout(480)  # the recovery runs its isolation groups one after another
 async def test_sigkill_with_32_sequences_running_loses_and_repeats_nothing(
     stack: Stack, http: httpx.AsyncClient
 ) -> None:
