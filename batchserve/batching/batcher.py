@@ -505,8 +505,9 @@ class ModelBatcher(BatcherJobs):
         )
 
     def _generation_s(self, pending: Pending) -> float:
-        """How long a sequence takes to generate its ``max_tokens`` once it has begun."""
-        cost = SequenceCost.of(self.estimator)
+        """How long a sequence takes to generate its ``max_tokens`` once it has begun, at the
+        learned speed or a full engine's (an upper bound: this sets its time limit)."""
+        cost = SequenceCost.of(self.estimator, crowded=True)
         if cost is not None:
             return cost.per_token_s * pending.max_tokens
         return estimate_batch_s((pending,), self.estimator)

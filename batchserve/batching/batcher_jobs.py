@@ -125,8 +125,11 @@ class BatcherJobs:
                 self._wake.set()
         prior = self._sequence_prior()
         if profile and prior is not None:
+            alone = profile.get("decode_step_s_alone")
             prior.set_profile(
-                float(profile["prefill_tokens_per_s"]), float(profile["decode_step_s"])
+                float(profile["prefill_tokens_per_s"]),
+                float(profile["decode_step_s"]),
+                None if alone is None else float(alone),
             )
 
     def _sequence_prior(self) -> ProfiledSequenceTime | None:

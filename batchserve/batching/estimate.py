@@ -43,29 +43,45 @@ class FixedBatchTime:
 
 class ProfiledSequenceTime:
     """An engine's measured speed as the time of one sequence: its prompt at the prefill rate,
-    then one full decode step a token (a shape of size 1 is one sequence). The prior of an
-    engine model's learned time: engines measure it when they start, and until one has, there
-    is no engine to send work to anyway (``fallback`` answers meanwhile)."""
+    then a decode step a token. The prior of an engine model's learned time: engines measure it
+    when they start, and until one has, there is no engine to send work to anyway
+    (``fallback`` answers meanwhile).
+
+    Engines measure a decode step twice: alone and with every row busy. A sequence's estimate
+    (what deadlines are held to: admission and expiry ask whether it could finish "even if run
+    now") takes the step alone, a lower bound; its time limit (past which it counts as stuck)
+    takes the full engine's step, an upper bound. Refusing with the crowded speed turned away a
+    512-token request on an idle engine of a busy machine: the full step measured 1.2 s, which
+    put it past the ten-minute deadline it would have met several times over.
+    """
 
     def __init__(self, fallback: BatchTimeEstimator) -> None:
         self.fallback = fallback
         self.prefill_tokens_per_s: float | None = None
         self.decode_step_s: float | None = None
+        self.decode_step_s_alone: float | None = None
 
-    def set_profile(self, prefill_tokens_per_s: float, decode_step_s: float) -> None:
+    def set_profile(
+        self,
+        prefill_tokens_per_s: float,
+        decode_step_s: float,
+        decode_step_s_alone: float | None = None,
+    ) -> None:
         self.prefill_tokens_per_s = max(prefill_tokens_per_s, 1e-6)
         self.decode_step_s = max(decode_step_s, 0.0)
+        alone = decode_step_s if decode_step_s_alone is None else decode_step_s_alone
+        self.decode_step_s_alone = min(max(alone, 0.0), self.decode_step_s)
 
     @property
     def measured(self) -> bool:
         return self.prefill_tokens_per_s is not None
 
     def batch_s(self, shape: BatchShape) -> float:
-        if self.prefill_tokens_per_s is None or self.decode_step_s is None:
+        if self.prefill_tokens_per_s is None or self.decode_step_s_alone is None:
             return self.fallback.batch_s(shape)
         prompt_per_sequence = shape.prompt_tokens / max(1, shape.size)
         return prompt_per_sequence / self.prefill_tokens_per_s + (
-            shape.max_new_tokens * self.decode_step_s
+            shape.max_new_tokens * self.decode_step_s_alone
         )
 
 
@@ -85,8 +101,12 @@ class SequenceCost:
         return max(value + self.per_token_s * max_tokens, self.floor_s)
 
     @classmethod
-    def of(cls, estimator: BatchTimeEstimator) -> SequenceCost | None:
-        """The estimator's answer for one sequence as linear terms, where it has them."""
+    def of(cls, estimator: BatchTimeEstimator, *, crowded: bool = False) -> SequenceCost | None:
+        """The estimator's answer for one sequence as linear terms, where it has them.
+
+        Learned terms are what sequences took, crowded or not; before them the engines'
+        measured speed answers: alone, or with ``crowded`` a full engine's (for time limits).
+        """
         if isinstance(estimator, LearnedBatchTime):
             terms = estimator.coefficients
             # Where every sequence asked for the same max_tokens the fit cannot tell a token's
@@ -99,8 +119,9 @@ class SequenceCost:
                 return cls(fixed, prompt, steps + steps_by_size, estimator.floor_s)
             estimator = estimator.prior
         if isinstance(estimator, ProfiledSequenceTime) and estimator.measured:
-            assert estimator.prefill_tokens_per_s and estimator.decode_step_s is not None
-            return cls(0.0, 1.0 / estimator.prefill_tokens_per_s, estimator.decode_step_s)
+            step = estimator.decode_step_s if crowded else estimator.decode_step_s_alone
+            assert estimator.prefill_tokens_per_s and step is not None
+            return cls(0.0, 1.0 / estimator.prefill_tokens_per_s, step)
         return None
 
 

@@ -123,8 +123,9 @@ class Stack:
             time.sleep(0.1)
         raise RuntimeError(f"the API did not come up; see {self.log_dir}")
 
-    def wait_slots(self, model: str, slots: int, timeout_s: float = 60.0) -> None:
-        """Wait until workers of ``model`` announce ``slots`` in total."""
+    def wait_slots(self, model: str, slots: int, timeout_s: float = 180.0) -> None:
+        """Wait until workers of ``model`` announce ``slots`` in total. An engine worker loads
+        its model and measures itself first: over a minute on a loaded 2-core machine."""
         client = redis.Redis.from_url(self.env["BATCHSERVE_REDIS_URL"])
         prefix = self.env["BATCHSERVE_NAMESPACE"]
         give_up = time.monotonic() + timeout_s
@@ -140,7 +141,10 @@ class Stack:
                 time.sleep(0.1)
         finally:
             client.close()
-        raise RuntimeError(f"workers of {model} did not announce {slots} slot(s)")
+        raise RuntimeError(
+            f"workers of {model} did not announce {slots} slot(s) in {timeout_s:.0f} s;"
+            f" see {self.log_dir}"
+        )
 
     def signal(self, name: str, sig: int) -> None:
         os.kill(self.roles[name].pid, sig)

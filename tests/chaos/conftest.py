@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from batchserve.testing.chaos import ChaosReport, audit
+from batchserve.testing.chaos import ChaosReport, audit, states
 from batchserve.testing.deployment import Stack
 from batchserve.testing.faults import start_postgres, start_rabbitmq, start_redis
 from tests.conftest import registered_test_models, server_env
@@ -25,6 +25,7 @@ from tests.support.live import db_rows
 from tests.support.servers import delete_namespace_queues
 
 # Short leases so a dead worker is noticed in about a second.
+UNSETTLED = {"lost", "queued", "dispatched", "running"}
 CHAOS_ENV = {"BATCHSERVE_LEASE_S": "1.0", "BATCHSERVE_REPUBLISH_AFTER_S": "1"}
 
 
@@ -88,5 +89,8 @@ def exactly_once(stack: Stack, accepted: list[str], settle_s: float = 60.0) -> C
     while report.stuck and time.monotonic() < give_up:
         time.sleep(0.5)
         report = audit(url, accepted)
-    assert report.clean, "\n".join(report.lines())
+    if not report.clean:
+        found = states(url, accepted)
+        unsettled = [(i, found.get(i)) for i in accepted if found.get(i, ("lost",))[0] in UNSETTLED]
+        raise AssertionError("\n".join([*report.lines(), f"unsettled: {unsettled[:5]}"]))
     return report

@@ -126,7 +126,7 @@ def test_openai_chat_completion_on_the_real_model(stack: Stack) -> None:
     stack.start("batcher", "batcher", "--model", SMOLLM)
     stack.start(f"worker:{SMOLLM}", "worker", "--model", SMOLLM, "--slots", "1")
     stack.start_api()
-    stack.wait_slots(SMOLLM, 1, timeout_s=120)
+    stack.wait_slots(SMOLLM, 1)
     reply = client_of(stack).chat.completions.create(
         model=SMOLLM,
         messages=[{"role": "user", "content": "What is the capital of France?"}],

@@ -8,11 +8,15 @@ went unwired.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
+from batchserve.api.deadlines import refuse_if_hopeless
 from batchserve.batching.batcher import BatcherConfig, ModelBatcher
 from batchserve.batching.estimate import BatchShape, FixedBatchTime, LearnedBatchTime
 from batchserve.core.broker import Delivery, MemoryRequestQueue
@@ -26,9 +30,11 @@ from batchserve.core.domain import (
     QueueMessage,
     RequestState,
     SequencesFreed,
+    SubmitCommand,
     Timings,
+    from_epoch,
 )
-from batchserve.core.errors import Unavailable
+from batchserve.core.errors import DeadlineUnmeetable, Unavailable
 from batchserve.core.events import MemoryEventBus
 from batchserve.core.loadboard import MemoryLoadBoard
 from batchserve.core.slots import MemorySlotDirectory
@@ -172,6 +178,45 @@ async def test_an_engine_batch_carries_deadlines_and_time_limits(tmp_path: Path)
         assert item.deadline is not None and abs(item.deadline - (rig.clock() + 300.0)) < 1.0
         # 200 decode steps of 50 ms: 10 s of generation, so 10 s and a minute more.
         assert item.time_limit_s is not None and abs(item.time_limit_s - 70.0) < 0.1
+
+
+async def test_deadlines_are_held_to_the_speed_alone_and_time_limits_to_a_full_engine(
+    tmp_path: Path,
+) -> None:
+    # The engine measured 20 ms a step alone and 50 ms with every row busy. 1,000 tokens due in
+    # 30 s: 20 s alone, so it can be met "if run now" and admission and expiry both keep it
+    # (the crowded 50 s once refused such requests on an idle engine); stuck only past 4 x 50 s.
+    rig = Rig(tmp_path, ENGINE)
+    rig.engines(seqs=4)
+    await rig.start()
+    await rig.batcher.run_due(rig.clock() + 1)  # reads the speed and publishes the load
+    snapshot = await rig.board.fresh(ENGINE.name, rig.clock())
+    assert snapshot is not None
+    command = SubmitCommand(
+        id=uuid.uuid4(),
+        tenant="t1",
+        model=ENGINE.name,
+        lane=Lane.INTERACTIVE,
+        input="x",
+        messages=None,
+        params={},
+        created_at=from_epoch(rig.clock()),
+        deadline=from_epoch(rig.clock() + 30.0),
+        prompt_tokens=3,
+        max_tokens=1000,
+    )
+    await refuse_if_hopeless(rig.board, command, rig.clock())  # admitted
+    with pytest.raises(DeadlineUnmeetable):
+        await refuse_if_hopeless(
+            rig.board, dataclasses.replace(command, max_tokens=2000), rig.clock()
+        )
+
+    await rig.arrive(1, max_tokens=1000, timeout_s=30.0)
+    await rig.decide()
+
+    [message] = rig.sent.messages
+    [item] = message.items
+    assert item.time_limit_s is not None and abs(item.time_limit_s - 200.0) < 0.1
 
 
 async def test_the_capacity_of_a_reaped_batch_comes_back_by_reconciling(tmp_path: Path) -> None:
