@@ -83,6 +83,7 @@ class ApiServices:
         await _bounded("admitter", self.admitter.stop(), 15.0 + step_s)
         await _bounded("waiters", self.waiters.stop(), step_s)
         await _bounded("quotas", self.quotas.stop(), step_s)
+        await _bounded("prompt_counter", asyncio.to_thread(self.prompt_counter.stop), step_s)
         if close_adapters:
             await _bounded("adapters", self.adapters.close(), step_s)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from typing import Any
 
 from batchserve.core.logs import get_logger
@@ -38,6 +37,8 @@ class PromptCounter:
     def __init__(self, registry: Registry) -> None:
         self._registry = registry
         self._tokenizers: dict[str, FileTokenizer] = {}
+        self._stopping = threading.Event()
+        self._loader: threading.Thread | None = None
 
     def prewarm(self, retry_s: float = 10.0) -> None:
         """Load the tokenizers of real models in a background thread: those whose files are on
@@ -45,12 +46,23 @@ class PromptCounter:
         converts a model itself)."""
         specs = [s for s in self._registry.specs() if plugin_for(s).tokenizer_dir is not None]
         if specs:
-            thread = threading.Thread(target=self._load_all, args=(specs, retry_s), daemon=True)
-            thread.start()
+            self._stopping.clear()
+            self._loader = threading.Thread(
+                target=self._load_all, args=(specs, retry_s), daemon=True
+            )
+            self._loader.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop looking for tokenizers; wait a little for a load under way (a thread that
+        outlives its process's logging fails writing to a closed stream)."""
+        self._stopping.set()
+        if self._loader is not None:
+            self._loader.join(timeout_s)
+            self._loader = None
 
     def _load_all(self, specs: list[ModelSpec], retry_s: float) -> None:
         waiting = list(specs)
-        while waiting:
+        while waiting and not self._stopping.is_set():
             for spec in list(waiting):
                 finder = plugin_for(spec).tokenizer_dir
                 path = finder(spec) if finder is not None else None
@@ -63,7 +75,7 @@ class PromptCounter:
                 except Exception:  # admission falls back to estimates; the worker says more
                     log.exception("tokenizer_unavailable", model=spec.name)
             if waiting:
-                time.sleep(retry_s)
+                self._stopping.wait(retry_s)
 
     def exact(self, model: str) -> bool:
         return model in self._tokenizers

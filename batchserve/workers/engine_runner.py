@@ -530,5 +530,5 @@ class EngineRunner:
             return False
         if now - started > limit * self.config.slow_factor:
             return True
-        last = sequence.last_token_at if sequence.last_token_at is not None else started
-        return now - last > self.config.progress_grace_s
+        assert sequence.last_token_at is not None  # set with the first token
+        return now - sequence.last_token_at > self.config.progress_grace_s

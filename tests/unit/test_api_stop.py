@@ -8,6 +8,8 @@ from typing import Any
 
 from batchserve.api.services import ApiServices
 from batchserve.core.settings import Settings
+from batchserve.models.registry import parse_registry
+from batchserve.models.tokens import PromptCounter
 
 
 class Stops:
@@ -45,7 +47,7 @@ async def test_a_part_that_never_stops_is_left_behind_and_the_rest_still_stops()
         "quotas": quotas,
         "webhook_secrets": None,
         "url_guard": None,
-        "prompt_counter": None,
+        "prompt_counter": PromptCounter(parse_registry("")),
         "keyring": None,
     }
     services = ApiServices(Settings(), **parts)
