@@ -40,6 +40,7 @@ def test_every_run_the_docs_show_has_its_json() -> None:
         "model-bench-bf16.json",
         "model-bench-avx2.json",
         "model-bench-avx512.json",
+        "model-bench-amx.json",
     }
 
 
@@ -60,6 +61,13 @@ def test_each_table_row_is_the_recorded_figure(name: str, section: str) -> None:
     assert shown >= 4, name
 
 
+def _readme_range(readme: str, after: str) -> tuple[float, float]:
+    """The README's "low-high" figures just before ``after``."""
+    found = re.search(r"([\d.]+)-([\d.]+)" + re.escape(after), readme)
+    assert found, after
+    return float(found.group(1)), float(found.group(2))
+
+
 def _recorded(name: str) -> tuple[dict[str, float], dict[str, float], str]:
     bench = json.loads((ROOT / "docs" / name).read_text())
     return bench["ratios"], bench["mixed"], dict(runs())[name]
@@ -70,7 +78,7 @@ def test_the_bfloat16_runs_ratios_and_mixed_figures_are_the_recorded_ones() -> N
     readme = (ROOT / "README.md").read_text()
     service = f"{ratios['service_transformers_vs_static_fp32']:.2f}{TIMES}"
     assert f"**{service} the shipped loop**" in section
-    assert f"{service} the\ntokens/s of the static loop" in readme
+    assert f"{service[:-1]}-" in readme  # the low end of the README's range
     # The engine issue's goal, on a CPU that computes bfloat16 (where the engine runs in it).
     assert ratios["service_transformers_vs_static_fp32"] >= 3.0
     assert f"{ratios['engine_vs_static_fp32']:.2f}{TIMES} the shipped loop" in section
@@ -96,9 +104,29 @@ def test_the_float32_avx512_runs_ratios_and_mixed_figures_are_the_recorded_ones(
     vllm = ratios["service_vllm_vs_vllm_direct"]
     assert vllm >= 0.9
     assert f"**{vllm:.2f}{TIMES} vLLM direct** (goal ≥ 0.9: met)" in section
-    assert f"-{vllm:.2f}{TIMES} vLLM used directly" in readme
+    low, high = _readme_range(readme, f"{TIMES} vLLM used directly")
+    assert low <= vllm <= high
     assert mixed["short_p90_vs_alone"] <= 1.5
     assert f"**{mixed['short_p90_vs_alone']:.2f}{TIMES}** (goal ≤ 1.5{TIMES}: met)" in section
     assert (
         f"{mixed['short_mixed_p90_s']:.2f} s against {mixed['short_alone_p90_s']:.2f} s" in section
     )
+
+
+def test_the_amx_runs_goals_all_hold_and_are_the_recorded_figures() -> None:
+    ratios, mixed, section = _recorded("model-bench-amx.json")
+    readme = (ROOT / "README.md").read_text()
+    service = ratios["service_transformers_vs_static_fp32"]
+    vllm = ratios["service_vllm_vs_vllm_direct"]
+    short = mixed["short_p90_vs_alone"]
+    # The engine issue's three goals, in one run on the CPU it was measured on.
+    assert service >= 3.0 and vllm >= 0.9 and short <= 1.5
+    assert f"**{service:.2f}{TIMES} the shipped loop** (goal 3{TIMES}: met)" in section
+    assert f"**{vllm:.2f}{TIMES} vLLM direct** (goal ≥ 0.9: met)" in section
+    assert f"**{short:.2f}{TIMES}** (goal ≤ 1.5{TIMES}: met)" in section
+    assert (
+        f"{mixed['short_mixed_p90_s']:.2f} s against {mixed['short_alone_p90_s']:.2f} s" in section
+    )
+    assert f"({service:.2f}{TIMES}, {vllm:.2f}{TIMES}, {short:.2f}{TIMES})" in readme
+    assert f"-{service:.2f}{TIMES} the\ntokens/s of the static loop" in readme
+    assert f"-{vllm:.2f}{TIMES} vLLM used directly" in readme
