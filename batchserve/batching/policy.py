@@ -93,7 +93,9 @@ def decide(
     load = load or Load()
     expire, alive, wake_at = _split_unmeetable(pending, now, estimator)
     batches: list[tuple[Pending, ...]] = []
-    for group in _groups_in_order(alive, config.length_edges):
+    # With every slot busy nothing can leave: skip ordering what waits (a backlog of n made
+    # each of its n decisions sort all n).
+    for group in _groups_in_order(alive, config.length_edges) if free_slots > 0 else ():
         remaining = list(group)
         while remaining and free_slots > len(batches):
             batch, full = _fill(remaining, config, load.weights)
