@@ -139,7 +139,7 @@ def decide_engine(
     expire, alive, wake_at = _split_unmeetable(pending, now, estimator)
     seqs, tokens = free.seqs, free.tokens
     batches: list[tuple[Pending, ...]] = []
-    for group in _groups_in_order(alive, ()):
+    for group in _groups_in_order(alive, ()) if seqs > 0 else ():  # full: nothing can go
         if group[0].group is not None:
             need = sum(cost(p) for p in group)
             if len(group) > seqs or need > tokens:
