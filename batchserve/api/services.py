@@ -49,7 +49,13 @@ class ApiServices:
         *,
         clock: Callable[[], float] = time.time,
     ) -> ApiServices:
-        adapters = adapters or connect(settings)
+        # A fixed pool by default: under load, a request waits for one of its connections
+        # rather than opening (and Postgres forking) one of its own (docs/frontdoor.md).
+        adapters = adapters or connect(
+            settings,
+            pool_size=settings.api_db_pool_size,
+            max_overflow=settings.api_db_max_overflow,
+        )
         admitter = Admitter(adapters.store, adapters.queue, faults=settings.fault_points)
         waiters = Waiters(adapters.events)
         secrets = WebhookSecrets(

@@ -23,7 +23,17 @@ if TYPE_CHECKING:
 
 console = Console(width=140)
 
-SCENARIOS = ("saturation", "overhead", "ingest", "bulk", "mixed", "model", "streaming", "all")
+SCENARIOS = (
+    "saturation",
+    "overhead",
+    "ingest",
+    "bulk",
+    "mixed",
+    "frontdoor",
+    "model",
+    "streaming",
+    "all",
+)
 ALL = ("saturation", "overhead", "ingest", "bulk", "mixed")
 
 
@@ -59,6 +69,9 @@ def bench(
         str, typer.Option(help="ingest: offered submit rates, stepped")
     ] = "250,500,750,1000,1250,1500",
     step_s: Annotated[float, typer.Option(help="ingest: seconds per rate")] = 5.0,
+    frontdoor_rates: Annotated[
+        str, typer.Option(help="frontdoor: offered rates, each path --duration s at each")
+    ] = "30,100,200,300",
     max_p99_ms: Annotated[float, typer.Option(help="ingest: the submit p99 bound")] = 50.0,
     wide_batch: Annotated[int, typer.Option(help="ingest: batch size of its workers")] = 128,
     rate: Annotated[float, typer.Option(help="mixed: interactive requests/s")] = 10.0,
@@ -144,6 +157,7 @@ def bench(
         warmup_s=warmup_s,
         http_load=http_load,
         rates=_floats(rates),
+        frontdoor_rates=_floats(frontdoor_rates),
         step_s=step_s,
         max_p99_ms=max_p99_ms,
         wide_batch=wide_batch,

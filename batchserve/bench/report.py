@@ -160,6 +160,35 @@ def render_streaming(doc: dict[str, Any], console: Console) -> None:
             )
 
 
+def render_frontdoor(doc: dict[str, Any], console: Console) -> None:
+    table = _table(
+        f"frontdoor: {doc['workers']} slot(s) x B={doc['max_batch_size']}, "
+        f"{doc['batch_ms']:g} ms batches (ideal {doc['ideal_rps']:.0f}/s), "
+        f"{doc['duration_s']:g} s a path and rate",
+        ["offered/s", "path", "answered", "wrong", "refused", "p50 ms", "p99 ms", "served/s",
+         "CPU ms/request", "p50 over baseline", "p99 over baseline"],
+    )  # fmt: skip
+    over = {(g["path"], g["offered_rps"]): g for g in doc["goals"]["latency"]}
+    for r in doc["results"]:
+        goal = over.get((r["path"], r["offered_rps"]))
+        table.add_row(
+            f"{r['offered_rps']:g}",
+            r["path"],
+            str(r["answered"]),
+            str(r["wrong"]),
+            str(r["refused"]),
+            _ms(r["p50_ms"]),
+            _ms(r["p99_ms"]),
+            f"{r['served_rps']:.1f}",
+            f"{sum(r['cpu_ms_per_request'].values()):.2f}",
+            "" if goal is None else f"{goal['p50_over_baseline_ms']:+.1f}",
+            "" if goal is None else f"{goal['p99_over_baseline_ms']:+.1f}",
+        )
+    console.print(table)
+    served = ", ".join(f"{k} {v:.3f}" for k, v in doc["goals"]["served_vs_ideal"].items())
+    console.print(f"best served/s against the ideal: {served}")
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], Console], None]] = {
     "saturation": render_saturation,
     "overhead": render_overhead,
@@ -167,6 +196,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any], Console], None]] = {
     "bulk": render_flat,
     "mixed": render_flat,
     "streaming": render_streaming,
+    "frontdoor": render_frontdoor,
 }
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import typer
 
 from batchserve.bench.drain import SaturationPlan, run_saturation
+from batchserve.bench.frontdoor import FrontDoorPlan, run_frontdoor
 from batchserve.bench.ingest import IngestPlan, MixedPlan, run_bulk, run_ingest, run_mixed
 from batchserve.bench.latency import LatencyPlan, run_overhead
 from batchserve.bench.stack import BenchDeployment, variants
@@ -31,6 +32,7 @@ class BenchOptions:
     warmup_s: float
     http_load: float
     rates: list[float]
+    frontdoor_rates: list[float]
     step_s: float
     max_p99_ms: float
     wide_batch: int
@@ -126,6 +128,13 @@ async def _run_one(
             catalogue["wide"], options.rates, options.step_s, options.max_p99_ms, options.seed
         )
         return await run_ingest(deployment, plan)
+    if name == "frontdoor":
+        return await run_frontdoor(
+            deployment,
+            FrontDoorPlan(
+                adaptive, options.workers, options.frontdoor_rates, options.duration_s, options.seed
+            ),
+        )
     if name == "bulk":
         return await run_bulk(deployment, adaptive, options.bulk_requests)
     if name == "mixed":

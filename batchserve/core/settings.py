@@ -44,6 +44,14 @@ class Settings(BaseSettings):
     # Tenants. ``required``: every /v1 call needs an API key; ``disabled``: every caller is the
     # tenant ``anonymous`` (a single-user development server).
     auth: Literal["required", "disabled"] = "required"
+    api_db_pool_size: int = Field(
+        default=10, ge=1, description="The API's Postgres connections (a process's pool)"
+    )
+    api_db_max_overflow: int = Field(
+        default=0,
+        ge=0,
+        description="Connections the API may open beyond its pool, closed when returned",
+    )
     key_cache_s: float = Field(
         default=5.0, ge=0, description="How long the API trusts a key lookup (revocation delay)"
     )

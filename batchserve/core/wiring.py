@@ -91,9 +91,17 @@ def store_hook(events: EventBus, tokens: TokenLog) -> OnChange:
     return on_change
 
 
-def connect(settings: Settings, *, pool_size: int = 10, events: EventBus | None = None) -> Adapters:
+def connect(
+    settings: Settings,
+    *,
+    pool_size: int = 10,
+    max_overflow: int | None = None,
+    events: EventBus | None = None,
+) -> Adapters:
     registry = load_registry(settings.models)
-    engine = create_engine(settings.effective_database_url, pool_size=pool_size)
+    engine = create_engine(
+        settings.effective_database_url, pool_size=pool_size, max_overflow=max_overflow
+    )
     queue: RequestQueue
     slots: SlotDirectory
     loadboard: LoadBoard

@@ -24,6 +24,7 @@ TINY = {
     "bulk": ["--requests", "600"],
     "mixed": ["--duration", "2", "--rate", "10"],
     "streaming": ["--stream-models", "echo-100ms:48", "--concurrency", "8", "--pairs", "1"],
+    "frontdoor": ["--frontdoor-rates", "20", "--duration", "1.5"],
 }
 
 
@@ -180,3 +181,26 @@ def test_drain_lays_standby_processes_taking_turns_on_their_slot() -> None:
     assert figures["idle_gap_p50_ms"] == pytest.approx(1.0)
     assert figures["handover_p50_ms"] == pytest.approx(0.0)
     assert figures["lease_p50_ms"] == pytest.approx(1.0)
+
+
+@pytest.mark.usefixtures("live_servers")
+def test_frontdoor_answers_every_caller_on_each_path_beside_the_baseline(
+    run_id: str, tmp_path: Path
+) -> None:
+    doc = bench("frontdoor", run_id, tmp_path)
+    assert [r["path"] for r in doc["results"]] == ["baseline", "longpoll", "sync"]
+    for row in doc["results"]:
+        # Each caller checked the answer is its own: all answered, none wrong, none refused.
+        assert row["sent"] > 10 and row["answered"] == row["sent"], row
+        assert row["wrong"] == row["refused"] == row["errors"] == 0, row
+        # The seeds' model holds each batch 100 ms: no answer comes sooner.
+        assert 100 <= row["p50_ms"] <= row["p99_ms"], row
+        assert row["cpu_ms_per_request"] and all(v > 0 for v in row["cpu_ms_per_request"].values())
+    assert set(doc["results"][0]["cpu_ms_per_request"]) == {"baseline"}
+    assert {"api", "batcher", "worker"} <= set(doc["results"][1]["cpu_ms_per_request"])
+    latency = doc["goals"]["latency"]
+    assert [(g["path"], g["offered_rps"], g["met"]) for g in latency] == [
+        ("longpoll", 20.0, None),  # 20/s is not one of the goals' rates
+        ("sync", 20.0, None),
+    ]
+    assert set(doc["goals"]["served_vs_ideal"]) == {"baseline", "longpoll", "sync"}

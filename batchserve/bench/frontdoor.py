@@ -1,0 +1,240 @@
+"""``bench --scenario frontdoor``: batchserve's HTTP paths against an in-process batcher.
+
+Three ways to get an answer from the same fixed 100 ms model (W slots, batches of up to B), one
+after another at each offered rate, open-loop Poisson traffic, each caller checking the answer
+is its own:
+
+- baseline: ``POST /v1/requests`` to FastAPI with an in-process asyncio batcher, nothing
+  durable (``batchserve/bench/baseline.py``); the answer comes in the reply;
+- longpoll: batchserve's ``POST /v1/requests`` (202 once committed), then
+  ``GET /v1/requests/{id}?wait=30`` until it is terminal;
+- sync: batchserve's ``POST /v1/chat/completions``, the answer in the reply.
+
+Per path and rate: p50/p99 latency from send to answer, served/s (answers over the span from
+the first send to the last answer), CPU milliseconds a request of each process (batchserve's
+roles; the baseline's one process), and for batchserve's paths the difference to the baseline at
+the same rate, judged against the front-door goals (+10 ms p50, +30 ms p99 at 30 and 100/s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import httpx
+import orjson
+
+from batchserve.bench.loadgen import Submitted, open_loop, poisson_schedule
+from batchserve.bench.stack import (
+    BATCH_TIME_MS,
+    BenchDeployment,
+    Variant,
+    _cpu_s,
+    cpu_per,
+    percentile,
+)
+from batchserve.testing.deployment import free_port
+
+PATHS = ("baseline", "longpoll", "sync")
+GOAL_RATES = (30.0, 100.0)
+GOAL_P50_MS = 10.0
+GOAL_P99_MS = 30.0
+TERMINAL = ("succeeded", "failed", "cancelled", "expired")
+
+
+@dataclass(frozen=True, slots=True)
+class FrontDoorPlan:
+    variant: Variant
+    workers: int
+    rates: list[float]
+    duration_s: float
+    seed: int
+
+
+class Baseline:
+    """The in-process batcher as its own process, started and stopped by pid."""
+
+    def __init__(self, deployment: BenchDeployment, variant: Variant, workers: int) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._argv = [
+            sys.executable,
+            *("-m", "batchserve.bench.baseline", "--port", str(self.port)),
+            *("--batch", str(variant.max_batch_size), "--batch-ms", f"{BATCH_TIME_MS:g}"),
+            *("--slots", str(workers)),
+        ]
+        self._log = deployment.log_dir / "baseline.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    async def start(self) -> None:
+        log = open(self._log, "ab")  # noqa: SIM115 - the child owns it
+        self.process = subprocess.Popen(self._argv, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        give_up = time.monotonic() + 30.0
+        async with httpx.AsyncClient() as client:
+            while time.monotonic() < give_up:
+                try:
+                    if (await client.get(f"{self.url}/healthz")).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                await asyncio.sleep(0.1)
+        raise RuntimeError(f"the baseline did not come up; see {self._log}")
+
+    def cpu_s(self) -> dict[str, float]:
+        return {"baseline": _cpu_s(self.process.pid) if self.process else 0.0}
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+async def run_frontdoor(deployment: BenchDeployment, plan: FrontDoorPlan) -> dict[str, Any]:
+    baseline = Baseline(deployment, plan.variant, plan.workers)
+    await baseline.start()
+    await deployment.start_variant(plan.variant)
+    try:
+        for path in PATHS:  # warm-up: connections, caches, the batcher's rate meter
+            await _round(deployment, baseline, plan, path, rate=20.0, duration_s=1.0)
+        rows = []
+        for rate in plan.rates:
+            for path in PATHS:
+                rows.append(await _round(deployment, baseline, plan, path, rate, plan.duration_s))
+    finally:
+        await asyncio.to_thread(baseline.stop)
+        await deployment.stop_variant(plan.variant)
+    ideal = plan.variant.ideal_rps(plan.workers)
+    return {
+        "scenario": "frontdoor",
+        "workers": plan.workers,
+        "max_batch_size": plan.variant.max_batch_size,
+        "batch_ms": BATCH_TIME_MS,
+        "ideal_rps": ideal,
+        "duration_s": plan.duration_s,
+        "paths": list(PATHS),
+        "results": rows,
+        "goals": judge(rows, ideal),
+    }
+
+
+async def _round(
+    deployment: BenchDeployment,
+    baseline: Baseline,
+    plan: FrontDoorPlan,
+    path: str,
+    rate: float,
+    duration_s: float,
+) -> dict[str, Any]:
+    """One path at one offered rate: every answer checked against what was sent."""
+    texts: dict[int, str] = {}
+    answered: dict[int, tuple[float, str | None]] = {}  # index -> (answered at, its text)
+
+    def body(index: int) -> dict[str, Any]:
+        text = texts[index] = f"frontdoor {path} {rate:g} {index}"
+        if path == "baseline":
+            return {"input": text}
+        if path == "sync":
+            return {"model": plan.variant.name, "messages": [{"role": "user", "content": text}]}
+        return {"model": plan.variant.name, "input": text, "timeout_s": 60}
+
+    async def long_poll(session: aiohttp.ClientSession, submitted: Submitted) -> None:
+        give_up = time.monotonic() + 90.0
+        while time.monotonic() < give_up:
+            url = f"/v1/requests/{submitted.request_id}"
+            async with session.get(url, params={"wait": "30"}) as got:
+                result = orjson.loads(await got.read())
+            if result.get("status") in TERMINAL:
+                output = result.get("output") or {}
+                answered[submitted.index] = (time.time(), output.get("text"))
+                return
+
+    url = baseline.url if path == "baseline" else deployment.url
+    cpu = baseline.cpu_s if path == "baseline" else deployment.cpu_s
+    before = cpu()
+    load = await open_loop(
+        url,
+        poisson_schedule(rate, duration_s, plan.seed),
+        body,
+        path="/v1/chat/completions" if path == "sync" else "/v1/requests",
+        headers=None if path == "baseline" else deployment.headers,
+        on_accepted=long_poll if path == "longpoll" else None,
+    )
+    after = cpu()
+    latencies: list[float] = []
+    finished: list[float] = []
+    wrong = 0
+    for s in load.submitted:
+        if path == "longpoll":
+            if s.index not in answered:
+                continue
+            at, text = answered[s.index]
+            latency = at - s.sent_at
+        elif s.status == 200 and s.body is not None:
+            text = _text(path, s.body)
+            latency = s.latency_s
+        else:
+            continue
+        if text != texts[s.index]:
+            wrong += 1
+            continue
+        latencies.append(latency)
+        finished.append(s.sent_at + latency)
+    sent = len(load.submitted) + load.errors
+    first = min((s.sent_at for s in load.submitted), default=0.0)
+    span = max(finished, default=first) - first
+    return {
+        "path": path,
+        "offered_rps": rate,
+        "sent": sent,
+        "answered": len(latencies),
+        "wrong": wrong,
+        "refused": sum(1 for s in load.submitted if s.status not in (200, 202)),
+        "errors": load.errors,
+        "p50_ms": round(percentile(latencies, 0.50) * 1000.0, 1),
+        "p99_ms": round(percentile(latencies, 0.99) * 1000.0, 1),
+        "served_rps": round(len(latencies) / span, 1) if span > 0 else 0.0,
+        "cpu_ms_per_request": cpu_per(before, after, len(latencies)),
+    }
+
+
+def _text(path: str, body: dict[str, Any]) -> str | None:
+    if path == "baseline":
+        return body.get("output")
+    choices = body.get("choices") or [{}]
+    return (choices[0].get("message") or {}).get("content")
+
+
+def judge(rows: list[dict[str, Any]], ideal_rps: float) -> dict[str, Any]:
+    """Each batchserve path against the baseline at the same rate: the latency goals where
+    the rate is one of :data:`GOAL_RATES`, and the best served/s against the ideal."""
+    base = {r["offered_rps"]: r for r in rows if r["path"] == "baseline"}
+    latency = []
+    for row in rows:
+        floor = base.get(row["offered_rps"])
+        if row["path"] == "baseline" or floor is None:
+            continue
+        p50 = round(row["p50_ms"] - floor["p50_ms"], 1)
+        p99 = round(row["p99_ms"] - floor["p99_ms"], 1)
+        judged = row["offered_rps"] in GOAL_RATES
+        latency.append(
+            {
+                "path": row["path"],
+                "offered_rps": row["offered_rps"],
+                "p50_over_baseline_ms": p50,
+                "p99_over_baseline_ms": p99,
+                "met": (p50 <= GOAL_P50_MS and p99 <= GOAL_P99_MS) if judged else None,
+            }
+        )
+    best = {p: max((r["served_rps"] for r in rows if r["path"] == p), default=0.0) for p in PATHS}
+    throughput = {p: round(served / ideal_rps, 3) for p, served in best.items()}
+    return {"latency": latency, "served_vs_ideal": throughput}

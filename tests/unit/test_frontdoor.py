@@ -1,0 +1,56 @@
+"""The front door benchmark's baseline batcher and its verdicts."""
+
+from __future__ import annotations
+
+import asyncio
+
+from batchserve.bench.baseline import InProcessBatcher
+from batchserve.bench.frontdoor import judge
+
+
+async def test_the_baseline_batches_what_waits_and_answers_each_caller_its_own() -> None:
+    batcher = InProcessBatcher(batch=32, batch_s=0.01, slots=1)
+    batcher.start()
+    try:
+        texts = [f"request {n}" for n in range(70)]
+        answers = await asyncio.gather(*(batcher.answer(t) for t in texts))
+    finally:
+        await batcher.stop()
+    assert [a.output for a in answers] == texts
+    assert sorted({a.batch_size for a in answers}) == [6, 32]  # 32, 32 and the 6 left
+
+
+async def test_the_baseline_runs_one_batch_a_slot_at_once() -> None:
+    batcher = InProcessBatcher(batch=4, batch_s=0.05, slots=2)
+    batcher.start()
+    try:
+        started = asyncio.get_running_loop().time()
+        answers = await asyncio.gather(*(batcher.answer(str(n)) for n in range(8)))
+        took = asyncio.get_running_loop().time() - started
+    finally:
+        await batcher.stop()
+    assert [a.output for a in answers] == [str(n) for n in range(8)]
+    assert all(a.batch_size == 4 for a in answers)
+    assert took < 0.09  # two batches side by side, not one after the other (0.1 s)
+
+
+def _row(path: str, rate: float, p50: float, p99: float, served: float) -> dict[str, object]:
+    return {"path": path, "offered_rps": rate, "p50_ms": p50, "p99_ms": p99, "served_rps": served}
+
+
+def test_each_path_is_judged_against_the_baseline_at_its_own_rate() -> None:
+    rows = [
+        _row("baseline", 30.0, 150.0, 200.0, 30.0),
+        _row("longpoll", 30.0, 158.0, 229.0, 30.0),  # +8, +29: met
+        _row("sync", 30.0, 161.0, 210.0, 30.0),  # +11 at p50: not met
+        _row("baseline", 300.0, 180.0, 300.0, 290.0),
+        _row("longpoll", 300.0, 900.0, 2000.0, 250.0),  # no goal at 300/s
+    ]
+    verdict = judge(rows, ideal_rps=320.0)
+    assert [(g["path"], g["offered_rps"], g["met"]) for g in verdict["latency"]] == [
+        ("longpoll", 30.0, True),
+        ("sync", 30.0, False),
+        ("longpoll", 300.0, None),
+    ]
+    assert verdict["latency"][0]["p50_over_baseline_ms"] == 8.0
+    assert verdict["served_vs_ideal"] == {"baseline": 0.906, "longpoll": 0.781, "sync": 0.094}
