@@ -41,6 +41,18 @@ async def long_poll(
         return await _wait(services, first, record, tenant, wait_s, until, changed)
 
 
+async def wait_from(
+    services: ApiServices,
+    record: RequestRecord,
+    tenant: str,
+    wait_s: float,
+    changed: asyncio.Event,
+) -> RequestRecord:
+    """Wait for the end of a request read (or admitted) after ``changed`` began watching it:
+    nothing to read again until a notification comes."""
+    return await _wait(services, record, record, tenant, wait_s, "terminal", changed)
+
+
 async def _wait(
     services: ApiServices,
     first: RequestRecord,

@@ -5,6 +5,7 @@ real processes, with tolerances)."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -158,3 +159,27 @@ async def test_a_backlog_on_one_slot_drains_in_full_batches_back_to_back(tmp_pat
     assert [r[0] for r in rows] == [32] * 15 + [20]
     drained_s = max(_at(r["finished_at"]) for r in results) - started
     assert drained_s == pytest.approx(1.6, abs=0.001)
+
+
+async def test_a_synchronous_completion_reads_its_request_once(tmp_path: Path) -> None:
+    """Watched before it is admitted, a synchronous request is read once, when it ends: not
+    again after admission to make sure its end was not missed."""
+    stepped = await _stack(tmp_path)
+    store = stepped.stack.adapters.store
+    reads: list[str] = []
+    real_get = store.get
+
+    async def counted_get(request_id: Any, tenant: str) -> Any:
+        reads.append(str(request_id))
+        return await real_get(request_id, tenant)
+
+    store.get = counted_get  # type: ignore[method-assign,assignment]
+    async with stepped.running() as client:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}
+        answer = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+        await stepped.settle()
+        await stepped.advance(0.5)
+        response = await asyncio.wait_for(answer, timeout=10)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == "hello"
+    assert len(reads) == 1, reads

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Coroutine
 from typing import Any
 
 import anyio
@@ -30,14 +30,14 @@ from batchserve.api.openai_schemas import (
     text_completion,
 )
 from batchserve.api.openai_stream import DONE, ChunkFormat, chunks
-from batchserve.api.polling import long_poll
+from batchserve.api.polling import long_poll, wait_from
 from batchserve.api.responses import JSON
 from batchserve.api.schemas import SubmitRequest
 from batchserve.api.services import ApiServices
 from batchserve.api.statuses import error_body, failure_of, status_of
 from batchserve.api.streams import PING_S
 from batchserve.api.submission import build_command, exact_prompt_tokens
-from batchserve.core.domain import RequestRecord, RequestState
+from batchserve.core.domain import RequestRecord, RequestState, SubmitCommand
 from batchserve.core.errors import BatchserveError, WaitTimedOut
 from batchserve.core.logs import get_logger
 from batchserve.core.store import TenantRow
@@ -70,10 +70,10 @@ async def create_chat_completion(
     """A chat completion, OpenAI's way: submit, wait for the batch it rides, answer (or
     stream it, with ``stream: true``)."""
     submit = body.to_submit(timeout_s=services.settings.openai_timeout_s, can_stream=True)
-    record = await _submit(services, caller, submit)
     if body.stream:
+        record = await _submit(services, caller, await _command(services, caller, submit))
         return _stream(services, caller, record, _format(body, chat=True))
-    return JSON(chat_completion(await _answer(services, caller, record, request)))
+    return JSON(chat_completion(await _submit_and_answer(services, caller, submit, request)))
 
 
 @router.post("/completions", responses=STREAMED)
@@ -82,37 +82,67 @@ async def create_completion(
 ) -> Response:
     """A text completion, OpenAI's way."""
     submit = body.to_submit(timeout_s=services.settings.openai_timeout_s, can_stream=True)
-    record = await _submit(services, caller, submit)
     if body.stream:
+        record = await _submit(services, caller, await _command(services, caller, submit))
         return _stream(services, caller, record, _format(body, chat=False))
-    return JSON(text_completion(await _answer(services, caller, record, request)))
+    return JSON(text_completion(await _submit_and_answer(services, caller, submit, request)))
 
 
 def _format(body: OpenAIBody, *, chat: bool) -> ChunkFormat:
     return ChunkFormat(chat=chat, include_usage=body.include_usage)
 
 
-async def _submit(services: ApiServices, caller: TenantRow, submit: SubmitRequest) -> RequestRecord:
-    now = services.now()
-    command = build_command(
+async def _command(
+    services: ApiServices, caller: TenantRow, submit: SubmitRequest
+) -> SubmitCommand:
+    return build_command(
         submit,
         tenant=caller.name,
         idempotency_key=None,
         registry=services.adapters.registry,
         settings=services.settings,
-        now=now,
+        now=services.now(),
         prompt_tokens=await exact_prompt_tokens(services, submit),
     )
+
+
+async def _submit(
+    services: ApiServices, caller: TenantRow, command: SubmitCommand
+) -> RequestRecord:
     return (await admit(services, caller, command)).record
 
 
-async def _answer(
-    services: ApiServices, caller: TenantRow, record: RequestRecord, request: Request
+async def _submit_and_answer(
+    services: ApiServices, caller: TenantRow, submit: SubmitRequest, request: Request
 ) -> RequestRecord:
-    """Wait for the request's terminal state; raise how it failed, if it did."""
-    wait_s = services.settings.openai_timeout_s + WAIT_GRACE_S
+    """Admit the request and wait for its terminal state; raise how it failed, if it did.
+
+    Watched before it is admitted, so its end cannot come unheard and the only read is the
+    one its end triggers (a watch begun after admission had to read once more to be sure)."""
+    command = await _command(services, caller, submit)
+    with services.waiters.watch(str(command.id), terminal_only=True) as changed:
+        record = await _submit(services, caller, command)
+        if record.id == command.id:
+            waiting = wait_from(services, record, caller.name, _wait_s(services), changed)
+        else:  # not the request just built (no OpenAI route sends an idempotency key yet)
+            waiting = long_poll(services, record, caller.name, _wait_s(services), "terminal")
+        return await _answer(services, caller, record, request, waiting)
+
+
+def _wait_s(services: ApiServices) -> float:
+    return services.settings.openai_timeout_s + WAIT_GRACE_S
+
+
+async def _answer(
+    services: ApiServices,
+    caller: TenantRow,
+    record: RequestRecord,
+    request: Request,
+    waiting: Coroutine[Any, Any, RequestRecord],
+) -> RequestRecord:
+    """Await ``waiting`` (the request's terminal state); raise how it failed, if it did."""
+    wait_s = _wait_s(services)
     tenant = caller.name
-    waiting = long_poll(services, record, tenant, wait_s, "terminal")
     done = await _unless_gone(request, waiting)
     if done is None:
         await _cancel(services, record, tenant, "client_disconnected")
