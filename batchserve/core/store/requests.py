@@ -192,10 +192,13 @@ class RequestVerbs(StoreBase):
     # -- reads -------------------------------------------------------------------------
 
     async def get(self, request_id: uuid.UUID, tenant: str | None = None) -> RequestRecord | None:
+        """One request. A single statement, so no transaction around it: BEGIN and COMMIT made
+        this read, the one every poll and answer makes, cost 0.83 ms of the API's CPU against
+        0.53 ms without them (2,000 reads each way, same run)."""
         query = select(*RECORD_COLUMNS).where(requests_t.c.id == request_id)
         if tenant is not None:
             query = query.where(requests_t.c.tenant == tenant)
-        async with transaction(self.engine) as conn:
+        async with autocommit(self.engine) as conn:
             row = (await conn.execute(query)).mappings().first()
         return row_record(row) if row else None
 
@@ -203,7 +206,7 @@ class RequestVerbs(StoreBase):
         query = select(*RECORD_COLUMNS).where(
             requests_t.c.tenant == tenant, requests_t.c.idempotency_key == key
         )
-        async with transaction(self.engine) as conn:
+        async with autocommit(self.engine) as conn:
             row = (await conn.execute(query)).mappings().first()
         return row_record(row) if row else None
 
