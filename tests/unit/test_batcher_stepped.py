@@ -30,9 +30,7 @@ from batchserve.core.domain import (
     QueueMessage,
     RequestState,
     SequencesFreed,
-    SubmitCommand,
     Timings,
-    from_epoch,
 )
 from batchserve.core.errors import DeadlineUnmeetable, Unavailable
 from batchserve.core.events import MemoryEventBus
@@ -42,6 +40,7 @@ from batchserve.core.store import ItemOutcome, JobStore
 from batchserve.models.registry import ModelSpec
 from batchserve.workers.maintenance import Maintenance, MaintenanceConfig, TickReport
 from tests.support.stepped import Clock, sqlite_store, submit
+from tests.support.stepped import command as stepped_command
 
 ENGINE = ModelSpec(name="engine", backend="transformers", max_batch_size=8)
 ECHO = ModelSpec(name="echo", backend="fixed", batch_time_ms=100, max_batch_size=4)
@@ -192,18 +191,8 @@ async def test_deadlines_are_held_to_the_speed_alone_and_time_limits_to_a_full_e
     await rig.batcher.run_due(rig.clock() + 1)  # reads the speed and publishes the load
     snapshot = await rig.board.fresh(ENGINE.name, rig.clock())
     assert snapshot is not None
-    command = SubmitCommand(
-        id=uuid.uuid4(),
-        tenant="t1",
-        model=ENGINE.name,
-        lane=Lane.INTERACTIVE,
-        input="x",
-        messages=None,
-        params={},
-        created_at=from_epoch(rig.clock()),
-        deadline=from_epoch(rig.clock() + 30.0),
-        prompt_tokens=3,
-        max_tokens=1000,
+    command = stepped_command(
+        "x", model=ENGINE.name, now=rig.clock(), max_tokens=1000, timeout_s=30.0
     )
     await refuse_if_hopeless(rig.board, command, rig.clock())  # admitted
     with pytest.raises(DeadlineUnmeetable):
