@@ -109,14 +109,14 @@ def registered_test_models() -> list[str]:
 
 @contextlib.contextmanager
 def deployment(database_url: str, namespace: str, log_dir: Path) -> Iterator[Stack]:
-    """A deployment on its own database and namespace: its roles stopped and its queues
+    """A deployment on its own database and namespace: its roles killed and its queues
     deleted at the end."""
     env = {**os.environ, **server_env(database_url, namespace)}
     stack = Stack(env=env, log_dir=log_dir, keys={"tests": keys.key()})
     try:
         yield stack
     finally:
-        stack.stop_all()
+        stack.discard()
         servers.delete_namespace_queues(namespace, registered_test_models())
 
 

@@ -1,7 +1,8 @@
 """A local deployment of batchserve roles as real processes, started and stopped by pid.
 
-Used by ``batchserve chaos`` and by the end-to-end and chaos tests: each role is a child
-process (``python -m batchserve.cli <role>``) with its own log file, on one database, one
+Used by ``batchserve chaos`` and by the end-to-end and chaos tests: each role is a process
+(``python -m batchserve.cli <role>``, forked from a warm template when it runs on this
+interpreter: :mod:`batchserve.testing.forkserver`) with its own log file, on one database, one
 queue and key namespace, and one API port.
 """
 
@@ -21,6 +22,9 @@ from typing import Any
 import httpx
 import redis
 
+from batchserve.testing import forkserver
+from batchserve.testing.forkserver import ForkedProcess
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -35,7 +39,7 @@ class Role:
     name: str
     argv: list[str]
     log_path: Path
-    process: subprocess.Popen[bytes] | None = None
+    process: subprocess.Popen[bytes] | ForkedProcess | None = None
 
     @property
     def pid(self) -> int:
@@ -88,13 +92,21 @@ class Stack:
         if role is None or args:
             role = Role(name, [python or sys.executable, "-m", "batchserve.cli", *args], log_path)
             self.roles[name] = role
+        environment = {**self.env, **(env or {})}
+        template = forkserver.shared() if role.argv[0] == sys.executable else None
+        if template is not None:  # this interpreter, warm: the imports are done once
+            role.process = template.spawn(
+                role.argv[3:], env=environment, cwd=ROOT, log=role.log_path
+            )
+            return role
         log = open(role.log_path, "ab")  # noqa: SIM115 - the child owns it
         role.process = subprocess.Popen(
             role.argv,
-            env={**self.env, **(env or {})},
+            env=environment,
             cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         log.close()
         return role
@@ -192,6 +204,19 @@ class Stack:
                 role.process.wait(timeout=max(0.1, give_up - time.monotonic()))
             except subprocess.TimeoutExpired:
                 role.process.kill()
+                role.process.wait(timeout=10)
+
+    def discard(self) -> None:
+        """SIGKILL every role and whatever it started (each role leads its own process group),
+        for a test that is done with its deployment: a graceful stop costs a Celery worker 4 s
+        (its pool processes sleep a second on exit), and nothing after the test looks at how
+        the roles ended."""
+        for role in self.roles.values():
+            if role.process is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(role.pid, signal.SIGKILL)
+        for role in self.roles.values():
+            if role.process is not None:
                 role.process.wait(timeout=10)
 
     def logs(self, name: str) -> str:

@@ -36,7 +36,7 @@ def stack(database_url: str, namespace: str, tmp_path: Path) -> Iterator[Stack]:
     try:
         yield deployment
     finally:
-        deployment.stop_all()
+        deployment.discard()
         # Whatever a test did to the servers, leave them running.
         start_postgres()
         start_redis()

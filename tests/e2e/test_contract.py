@@ -124,7 +124,7 @@ def full_stack(template_db: str, run_id: str, log_dir: Path) -> Iterator[Service
         stack.start_all({ECHO: 1, SLOW: 1})
         yield Service("stack", stack.url, servers.pg_url(database))
     finally:
-        stack.stop_all()
+        stack.discard()
         servers.delete_namespace_queues(namespace, [ECHO, SLOW])
         servers.drop_database(database)
 

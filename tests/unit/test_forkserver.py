@@ -1,0 +1,135 @@
+"""The warm template the deployments start their roles from: a forked role is a real process
+with its own environment, directory and log, and answers like ``subprocess.Popen``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from batchserve.testing.deployment import free_port
+from batchserve.testing.forkserver import Forkserver
+
+
+@pytest.fixture(scope="module")
+def template() -> Iterator[Forkserver]:
+    server = Forkserver()
+    yield server
+    server.close()
+
+
+def wait_listening(port: int, timeout_s: float = 20.0) -> None:
+    give_up = time.monotonic() + timeout_s
+    while time.monotonic() < give_up:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"nothing listens on {port}")
+
+
+def test_a_role_runs_the_command_line_with_its_own_environment_and_log(
+    template: Forkserver, tmp_path: Path
+) -> None:
+    log = tmp_path / "help.log"
+    helped = template.spawn(["api", "--help"], env={"PATH": "/usr/bin"}, cwd=tmp_path, log=log)
+    assert helped.wait(timeout=30) == 0
+    assert "--port" in log.read_text()
+    # The environment is the one asked for, not the template's: a bad setting is seen.
+    bad = tmp_path / "bad.log"
+    refused = template.spawn(
+        ["maintenance"], env={"BATCHSERVE_LOG_FORMAT": "xml"}, cwd=tmp_path, log=bad
+    )
+    assert refused.wait(timeout=30) == 2
+    assert "bad settings" in bad.read_text() and "log_format" in bad.read_text()
+
+
+def test_a_forked_process_is_signalled_and_waited_for_like_popen(
+    template: Forkserver, tmp_path: Path
+) -> None:
+    (tmp_path / "here.txt").write_text("served from the role's directory")
+    port = free_port()
+    env = {"PATH": os.environ.get("PATH", "")}
+    served = template.spawn(
+        [str(port), "--bind", "127.0.0.1"],
+        env=env,
+        cwd=tmp_path,
+        log=tmp_path / "http.log",
+        module="http.server",
+    )
+    assert served.pid != os.getpid() and served.poll() is None
+    wait_listening(port)
+    assert httpx.get(f"http://127.0.0.1:{port}/here.txt").text.startswith("served from")
+    with pytest.raises(subprocess.TimeoutExpired):
+        served.wait(timeout=0.2)
+    served.send_signal(signal.SIGTERM)
+    assert served.wait(timeout=10) == -signal.SIGTERM
+    assert served.returncode == served.poll() == -signal.SIGTERM
+    served.kill()  # like Popen: a process already waited for is not signalled again
+
+    frozen = template.spawn(
+        [str(free_port())], env=env, cwd=tmp_path, log=tmp_path / "h2.log", module="http.server"
+    )
+    os.kill(frozen.pid, signal.SIGSTOP)
+    frozen.kill()
+    assert frozen.wait(timeout=10) == -signal.SIGKILL
+
+
+def test_a_deployment_forks_its_roles_and_starts_another_interpreter_bare(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from batchserve.testing.deployment import Stack
+    from batchserve.testing.forkserver import ForkedProcess
+
+    stack = Stack(env={"PATH": os.environ.get("PATH", "")}, log_dir=tmp_path)
+    forked = stack.start("help", "batcher", "--help")
+    assert isinstance(forked.process, ForkedProcess)
+    assert forked.process.wait(timeout=30) == 0 and "--help" in stack.logs("help")
+    # An engine's own environment (another interpreter) cannot share the template's imports.
+    here = Path(sys.executable)
+    other = next(n for n in ("python", "python3") if n != here.name)  # the same venv's
+    bare = stack.start("bare", "batcher", "--help", python=str(here.with_name(other)))
+    assert isinstance(bare.process, subprocess.Popen)
+    assert bare.process.wait(timeout=30) == 0
+    monkeypatch.setenv("BATCHSERVE_FORKSERVER", "0")  # turned off: every role starts bare
+    off = stack.start("off", "batcher", "--help")
+    assert isinstance(off.process, subprocess.Popen) and off.process.wait(timeout=30) == 0
+
+
+def test_roles_hear_signals_whichever_thread_started_the_template(tmp_path: Path) -> None:
+    """A thread may block signals (an event loop's executor threads do), and a process started
+    from it inherits the mask: the template must not pass it on to every role it forks."""
+    made: list[Forkserver] = []
+
+    def start_blocked() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        made.append(Forkserver())
+
+    starter = threading.Thread(target=start_blocked)
+    starter.start()
+    starter.join()
+    (server,) = made
+    try:
+        port = free_port()
+        served = server.spawn(
+            [str(port), "--bind", "127.0.0.1"],
+            env={"PATH": os.environ.get("PATH", "")},
+            cwd=tmp_path,
+            log=tmp_path / "http.log",
+            module="http.server",
+        )
+        wait_listening(port)
+        served.send_signal(signal.SIGTERM)
+        assert served.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        server.close()
