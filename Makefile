@@ -17,7 +17,7 @@ AIPERF_VERSION := 0.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install vllm-env bench-client run run-embedded test test-models static-checks lint services clean
+.PHONY: install vllm-env bench-client run run-embedded test test-models test-browser static-checks lint services clean
 
 install: $(STAMP)
 
@@ -61,8 +61,8 @@ run-embedded: install
 test:
 	# The two environments install at once (mostly downloads and unpacking: one core each), and
 	# the static checks and the test models' conversion (once, into the model cache) run as soon
-	# as the first is ready, beside the second's install.
-	$(MAKE) --no-print-directory -j2 vllm-env static-checks test-models services
+	# as the first is ready, beside the second's install; so does the dashboard test's browser.
+	$(MAKE) --no-print-directory -j3 vllm-env static-checks test-models services test-browser
 	# Most tests wait on timers and processes, so 3 run at once on 2 cores; a file stays on one
 	# process (its shared engine or deployment starts once). Files go out as xdist orders them,
 	# those of most tests first: the long model and chaos files, each of one to a few tests,
@@ -74,6 +74,9 @@ test:
 
 test-models: install
 	$(BIN)/python -m batchserve.models.hf tests/models.toml
+
+test-browser:
+	$(PYTHON) -m tests.support.browser
 
 static-checks: install
 	$(BIN)/ruff check .

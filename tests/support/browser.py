@@ -64,3 +64,9 @@ def headless_chromium(width: int = 1440, height: int = 1300) -> Iterator[Any]:
             yield driver
         finally:
             driver.quit()
+
+
+if __name__ == "__main__":
+    # `make test` installs the browser beside its other setup (apt-get took over a minute of
+    # the dashboard test's own time); the test installs it itself where this did not.
+    print(ensure_chromium() or "chromium and chromium-driver installed")

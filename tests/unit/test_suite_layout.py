@@ -28,3 +28,16 @@ def test_make_test_runs_the_rest_in_parallel_then_the_exclusive_ones() -> None:
     assert len(runs) == 2, runs
     assert " -n " in runs[0] and '-m "not exclusive"' in runs[0] and "--dist loadfile" in runs[0]
     assert " -n " not in runs[1] and "-m exclusive" in runs[1]
+
+
+def test_make_test_installs_the_dashboard_browser_during_setup() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    (setup,) = [line for line in recipe.splitlines() if "$(MAKE)" in line]
+    assert "test-browser" in setup.split()
+    browser = makefile.split("\ntest-browser:", 1)[1].split("\n\n", 1)[0]
+    assert "-m tests.support.browser" in browser
+    assert (
+        "ensure_chromium()"
+        in (ROOT / "tests/support/browser.py").read_text().split('if __name__ == "__main__":', 1)[1]
+    )
