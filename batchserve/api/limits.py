@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from batchserve.api.openai_errors import openai_error
@@ -44,19 +46,31 @@ class BodySizeLimit:
                 await self._refuse(scope, receive, send, max_bytes)
                 return
         received = 0
+        exceeded = False
+        answered = False
 
         async def limited() -> Message:
-            nonlocal received
+            nonlocal received, exceeded
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > max_bytes:
+                    exceeded = True
                     raise BodyTooLarge
             return message
 
-        try:
-            await self.app(scope, limited, send)
-        except BodyTooLarge:
+        async def guarded(message: Message) -> None:
+            nonlocal answered
+            if exceeded:
+                return  # the route's answer to a body it could not read: the 413 goes instead
+            answered = answered or message["type"] == "http.response.start"
+            await send(message)
+
+        # A route may catch the error while parsing (FastAPI answers a generic 400 then), so
+        # the refusal is decided by what was read, not by where the exception ended up.
+        with contextlib.suppress(BodyTooLarge):
+            await self.app(scope, limited, guarded)
+        if exceeded and not answered:
             await self._refuse(scope, receive, send, max_bytes)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, max_bytes: int) -> None:

@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from batchserve.api import openapi, problems
-from batchserve.api.limits import BodySizeLimit
+from batchserve.api.json_guard import JsonBodyGuard
+from batchserve.api.limits import OPENAI_PATHS, BodySizeLimit
 from batchserve.api.observe import RejectionCounter
 from batchserve.api.routes import batches, files, health, models, openai, ops, requests, webhooks
 from batchserve.api.services import ApiServices
@@ -52,6 +53,8 @@ def create_app(settings: Settings | None = None, services: ApiServices | None = 
     app.include_router(ops.router)
     # Uploads may be as large as a batch file may be (multipart framing on top).
     uploads = {"/v1/files": settings.max_file_bytes + 65_536}
+    # Innermost first: the JSON check reads a body the size limit has already bounded.
+    app.add_middleware(JsonBodyGuard, openai_paths=OPENAI_PATHS)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, overrides=uploads)
     app.add_middleware(RejectionCounter)  # outermost: it sees the size guard's refusals too
     return app

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, ValidationError
 
 from batchserve.api.schemas import SubmitRequest
 from batchserve.core.domain import RequestRecord, to_epoch
@@ -19,7 +19,7 @@ from batchserve.core.errors import InvalidInput
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    include_usage: bool | None = None
+    include_usage: StrictBool | None = None
 
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -31,15 +31,15 @@ class OpenAIBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
+    temperature: StrictFloat | None = None
+    top_p: StrictFloat | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
-    ignore_eos: bool | None = None  # vLLM's extension
-    n: int | None = None
-    stream: bool | None = None
+    seed: StrictInt | None = None
+    ignore_eos: StrictBool | None = None  # vLLM's extension
+    n: StrictInt | None = None
+    stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
     logprobs: Any = None
     metadata: dict[str, str] | None = None
@@ -117,8 +117,8 @@ class CompletionBody(OpenAIBody):
     """``POST /v1/completions``."""
 
     prompt: str | list[str]
-    echo: bool | None = None
-    best_of: int | None = None
+    echo: StrictBool | None = None
+    best_of: StrictInt | None = None
     suffix: str | None = None
 
     def to_submit(

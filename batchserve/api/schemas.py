@@ -5,7 +5,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+)
 
 from batchserve.core.domain import AttemptRecord, DeliveryRecord, RequestRecord
 
@@ -18,6 +26,9 @@ MetaValue = Annotated[str, StringConstraints(max_length=512)]
 
 
 class Strict(BaseModel):
+    """An input body: unknown fields refused; its numbers and booleans are typed strictly
+    (``StrictInt`` and the like: ``"10"`` is not a number, ``true`` is not an integer)."""
+
     model_config = ConfigDict(extra="forbid", strict=False)
 
 
@@ -27,14 +38,14 @@ class ChatMessage(Strict):
 
 
 class GenerationParams(Strict):
-    max_tokens: int = Field(default=256, ge=1, le=32_768)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_tokens: StrictInt = Field(default=256, ge=1, le=32_768)
+    temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
     stop: Annotated[list[StopText], Field(max_length=MAX_STOP_SEQUENCES)] | StopText | None = None
-    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    seed: StrictInt | None = Field(default=None, ge=0, le=2**63 - 1)
     # Generate all of max_tokens even past an end-of-sequence token (vLLM's parameter; load
     # tests use it for answers of a known length).
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -50,7 +61,7 @@ class SubmitRequest(Strict):
     input: Annotated[str, StringConstraints(min_length=1)] | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=256)] | None = None
     params: GenerationParams = Field(default_factory=GenerationParams)
-    timeout_s: float | None = Field(default=None, gt=0)
+    timeout_s: StrictFloat | None = Field(default=None, gt=0)
     deadline: datetime | None = None
     webhook_url: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = None
     lane: Literal["interactive", "bulk"] = "interactive"

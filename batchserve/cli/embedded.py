@@ -15,6 +15,7 @@ from collections.abc import Callable
 import uvicorn
 
 from batchserve.api.main import create_app
+from batchserve.api.server import server_config
 from batchserve.api.services import ApiServices
 from batchserve.batching.batcher import ModelBatcher
 from batchserve.cli.roles import batcher_config, job_driver, maintenance_config
@@ -177,9 +178,7 @@ async def run_embedded(settings: Settings, host: str, port: int) -> None:
     stack = EmbeddedStack(settings)
     await stack.start()
     app = create_app(settings, services=stack.api)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False)
-    )
+    server = uvicorn.Server(server_config(app, settings, host, port))
     log.info(
         "embedded_ready",
         url=f"http://{host}:{port}",

@@ -130,19 +130,7 @@ def run_api(settings: Settings, host: str, port: int) -> None:
     import uvicorn
 
     from batchserve.api.main import create_app
+    from batchserve.api.server import server_config
 
-    config = uvicorn.Config(
-        create_app(settings),
-        host=host,
-        port=port,
-        log_config=None,
-        access_log=False,
-        loop="asyncio",
-        http="httptools",
-        timeout_graceful_shutdown=10,
-        # An idle connection is kept longer than clients keep theirs (httpx 5 s, aiohttp 15 s,
-        # proxies 60 s), so the client closes it first: a server closing at the very moment a
-        # client sends on it resets that request, which reached no handler and gets no answer.
-        timeout_keep_alive=75,
-    )
+    config = server_config(create_app(settings), settings, host, port, timeout_graceful_shutdown=10)
     uvicorn.Server(config).run()

@@ -33,8 +33,8 @@ class UnsafeWebhookUrl(InvalidInput):
 
     code = "unsafe_webhook_url"
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message, field="webhook_url")
+    def __init__(self, message: str, field: str = "webhook_url") -> None:
+        super().__init__(message, field=field)
 
 
 class ContextLengthExceeded(InvalidInput):

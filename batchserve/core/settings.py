@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     default_timeout_s: float = 600.0
     max_timeout_s: float = 7 * 86_400.0
     max_wait_s: float = 60.0
+    # A connection is closed when its request line and headers have not all arrived this long
+    # after its first byte (slowloris), or its body this long after its headers.
+    http_header_timeout_s: float = Field(default=10.0, gt=0)
+    http_body_timeout_s: float = Field(default=60.0, gt=0)
     idempotency_retention_s: float = 86_400.0
 
     # Tenants. ``required``: every /v1 call needs an API key; ``disabled``: every caller is the

@@ -106,7 +106,14 @@ def test_openai_stream_refusals_name_the_parameter(tenant: Tenant) -> None:
     with tenant.http() as http:
         for body, param in (
             ({"stream_options": {"include_usage": True}}, "stream_options"),
-            ({"stream": True, "stream_options": {"include_usage": 1, "x": 1}}, "stream_options.x"),
+            (
+                {"stream": True, "stream_options": {"include_usage": True, "x": 1}},
+                "stream_options.x",
+            ),
+            (
+                {"stream": True, "stream_options": {"include_usage": 1}},
+                "stream_options.include_usage",
+            ),
             ({"stream": True, "n": 2}, "n"),
         ):
             response = http.post(

@@ -13,25 +13,21 @@ import psycopg
 import pytest
 from fastapi import FastAPI
 
-from batchserve.api.main import create_app
 from batchserve.core.settings import Settings
 from batchserve.core.store import JobStore, advisory_key
 from tests.support import keys
+from tests.support.inprocess import asgi_client, running_app
 
 
 @pytest.fixture
 async def app(settings: Settings) -> AsyncIterator[FastAPI]:
-    application = create_app(settings)
-    async with application.router.lifespan_context(application):
+    async with running_app(settings) as application:
         yield application
 
 
 @pytest.fixture
 async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(
-        transport=transport, base_url="http://test", headers=keys.auth()
-    ) as http:
+    async with asgi_client(app) as http:
         yield http
 
 

@@ -17,7 +17,6 @@ import pytest
 from fastapi import FastAPI
 
 from batchserve.api.batch_input import ValidatedFile, validate_file
-from batchserve.api.main import create_app
 from batchserve.core.broker import Handler, RequestQueue
 from batchserve.core.bulk import JOB_PREFIX, parse_public_id
 from batchserve.core.domain import ItemResult, Lane, QueueMessage, Timings, from_epoch
@@ -27,6 +26,7 @@ from batchserve.core.settings import Settings
 from batchserve.core.store import ItemOutcome, JobStore
 from batchserve.workers.jobs import JobDriver, JobDriverConfig
 from tests.support import keys
+from tests.support.inprocess import asgi_client, running_app
 
 CHAT = "/v1/chat/completions"
 
@@ -44,17 +44,13 @@ async def bulk_settings(settings: Settings) -> Settings:
 
 @pytest.fixture
 async def app(bulk_settings: Settings) -> AsyncIterator[FastAPI]:
-    application = create_app(bulk_settings)
-    async with application.router.lifespan_context(application):
+    async with running_app(bulk_settings) as application:
         yield application
 
 
 @pytest.fixture
 async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(
-        transport=transport, base_url="http://test", headers=keys.auth()
-    ) as http:
+    async with asgi_client(app) as http:
         yield http
 
 

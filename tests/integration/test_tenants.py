@@ -19,7 +19,6 @@ from fastapi import FastAPI
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
-from batchserve.api.main import create_app
 from batchserve.cli.keys import first_key, make_key
 from batchserve.cli.main import app as cli_app
 from batchserve.core import apikeys
@@ -30,6 +29,7 @@ from batchserve.core.settings import Settings
 from batchserve.core.store import JobStore
 from batchserve.workers.jobs import JobDriver, JobDriverConfig
 from tests.support import keys
+from tests.support.inprocess import asgi_client, running_app
 
 ECHO = "echo-100ms"
 CHAT = "/v1/chat/completions"
@@ -45,15 +45,13 @@ async def app(settings: Settings) -> AsyncIterator[FastAPI]:
             "max_queue_s": 1.0,
         }
     )
-    application = create_app(tuned)
-    async with application.router.lifespan_context(application):
+    async with running_app(tuned) as application:
         yield application
 
 
 @pytest.fixture
 async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+    async with asgi_client(app, authed=False) as http:
         yield http
 
 

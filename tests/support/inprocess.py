@@ -1,0 +1,31 @@
+"""The real API app run in-process (its lifespan started), and a client of it over ASGI."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import httpx
+from fastapi import FastAPI
+
+from batchserve.api.main import create_app
+from batchserve.core.settings import Settings
+from tests.support import keys
+
+
+@contextlib.asynccontextmanager
+async def running_app(settings: Settings) -> AsyncIterator[FastAPI]:
+    application = create_app(settings)
+    async with application.router.lifespan_context(application):
+        yield application
+
+
+@contextlib.asynccontextmanager
+async def asgi_client(app: FastAPI, *, authed: bool = True) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of ``app``, with the test key unless ``authed`` is false."""
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://test",
+        headers=keys.auth() if authed else None,
+    ) as client:
+        yield client
