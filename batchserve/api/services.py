@@ -80,6 +80,7 @@ class ApiServices:
         self.admitter.start()
         self.waiters.start()
         self.quotas.start()
+        self.keyring.listen(self.adapters.events)
         self.prompt_counter.prewarm()
 
     async def stop(self, *, close_adapters: bool = True, step_s: float = 10.0) -> None:
@@ -89,6 +90,7 @@ class ApiServices:
         await _bounded("admitter", self.admitter.stop(), 15.0 + step_s)
         await _bounded("waiters", self.waiters.stop(), step_s)
         await _bounded("quotas", self.quotas.stop(), step_s)
+        await _bounded("keyring", self.keyring.close(), step_s)
         await _bounded("prompt_counter", asyncio.to_thread(self.prompt_counter.stop), step_s)
         if close_adapters:
             await _bounded("adapters", self.adapters.close(), step_s)

@@ -164,13 +164,31 @@ def list_keys(
 def revoke(
     key_id: Annotated[str, typer.Argument(help="The key's id (from `keys list`) or the key")],
 ) -> None:
-    """Revoke a key: the API refuses it within BATCHSERVE_KEY_CACHE_S seconds."""
+    """Revoke a key: every API replica refuses it at once (told over Redis), or within
+    BATCHSERVE_KEY_CACHE_S seconds where it missed the news (or runs embedded)."""
+    from batchserve.cli.served import admin_settings
+
+    settings = admin_settings()
     key_id = apikeys.key_id_of(key_id) or key_id
-    revoked = _run(lambda store: store.revoke_key(key_id, now=time.time()))
+    revoked = _run(lambda store: store.revoke_key(key_id, now=time.time()), settings)
     if not revoked:
         typer.echo(f"batchserve: no active key {key_id}", err=True)
         raise typer.Exit(1)
+    if not settings.embedded:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            pool.submit(asyncio.run, _announce_revoked(settings, key_id)).result()
     typer.echo(f"revoked {key_id}")
+
+
+async def _announce_revoked(settings: Settings, key_id: str) -> None:
+    from batchserve.core.domain import KeyRevoked
+    from batchserve.core.wiring import redis_event_bus
+
+    bus = redis_event_bus(settings)
+    try:
+        await bus.publish(KeyRevoked(key_id))
+    finally:
+        await bus.close()
 
 
 async def first_key(store: JobStore) -> str | None:

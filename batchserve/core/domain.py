@@ -333,7 +333,18 @@ class JobChanged:
         return {"type": "job", "job_id": self.job_id, "status": self.status}
 
 
-Event = StateChange | BatchClosed | SequencesFreed | JobChanged
+@dataclass(frozen=True, slots=True)
+class KeyRevoked:
+    """Published when an API key is revoked: every API replica forgets its cached lookup at
+    once instead of trusting it for up to ``key_cache_s``."""
+
+    key_id: str
+
+    def encode(self) -> dict[str, Any]:
+        return {"type": "key_revoked", "key_id": self.key_id}
+
+
+Event = StateChange | BatchClosed | SequencesFreed | JobChanged | KeyRevoked
 
 
 class DeliveryStatus(StrEnum):
@@ -404,6 +415,8 @@ def decode_event(body: bytes | str) -> Event:
     data = orjson.loads(body)
     if data["type"] == "job":
         return JobChanged(job_id=data["job_id"], status=data["status"])
+    if data["type"] == "key_revoked":
+        return KeyRevoked(key_id=data["key_id"])
     if data["type"] == "freed":
         return SequencesFreed(
             model=data["model"], batch_id=data["batch_id"], request_ids=tuple(data["ids"])

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from batchserve.core.domain import Event, JobChanged, decode_event, encode_event
+from batchserve.core.domain import Event, JobChanged, KeyRevoked, decode_event, encode_event
 from batchserve.core.logs import get_logger
 
 log = get_logger("batchserve.events")
@@ -23,13 +23,17 @@ Handler = Callable[[Event], None]
 
 # Events travel on topics, and a subscriber hears only the topics it names: request and batch
 # changes (many a second: long-polls, the batcher, workers) or bulk jobs created and cancelled
-# (the job driver), so that nobody decodes a stream it ignores.
+# (the job driver), or API keys revoked (every API replica), so that nobody decodes a stream
+# it ignores.
 REQUESTS = "requests"
 JOBS = "jobs"
+KEYS = "keys"
 
 
 def event_topic(event: Event) -> str:
-    return JOBS if isinstance(event, JobChanged) else REQUESTS
+    if isinstance(event, JobChanged):
+        return JOBS
+    return KEYS if isinstance(event, KeyRevoked) else REQUESTS
 
 
 class Subscription:

@@ -91,6 +91,12 @@ def store_hook(events: EventBus, tokens: TokenLog) -> OnChange:
     return on_change
 
 
+def redis_event_bus(settings: Settings) -> RedisEventBus:
+    """The deployment's event bus on Redis (every role's, and the admin commands')."""
+    assert settings.redis_url
+    return RedisEventBus(settings.redis_url, settings.name("events"))
+
+
 def connect(
     settings: Settings,
     *,
@@ -116,7 +122,7 @@ def connect(
         tokens = MemoryTokenLog(token_log_config(settings))
     else:
         assert settings.broker_url and settings.redis_url
-        events = events or RedisEventBus(settings.redis_url, settings.name("events"))
+        events = events or redis_event_bus(settings)
         queue = RabbitRequestQueue(settings.broker_url, settings.namespace)
         slots = RedisSlotDirectory(settings.redis_url, settings.key_prefix)
         loadboard = RedisLoadBoard(settings.redis_url, settings.key_prefix)

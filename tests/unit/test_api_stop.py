@@ -38,7 +38,8 @@ class SwallowsItsCancel:
 
 
 async def test_a_part_that_never_stops_is_left_behind_and_the_rest_still_stops() -> None:
-    admitter, quotas, adapters, waiters = Stops(), Stops(), Stops(), SwallowsItsCancel()
+    admitter, quotas, adapters, keyring = Stops(), Stops(), Stops(), Stops()
+    waiters = SwallowsItsCancel()
     # Only the parts that stop are real here; the others are never touched by stop().
     parts: dict[str, Any] = {
         "adapters": adapters,
@@ -48,11 +49,11 @@ async def test_a_part_that_never_stops_is_left_behind_and_the_rest_still_stops()
         "webhook_secrets": None,
         "url_guard": None,
         "prompt_counter": PromptCounter(parse_registry("")),
-        "keyring": None,
+        "keyring": keyring,
     }
     services = ApiServices(Settings(), **parts)
     started = time.monotonic()
     await services.stop(step_s=0.2)
     assert time.monotonic() - started < 2.0  # the waiters' 0.2 s, not forever
-    assert admitter.stopped and quotas.stopped and adapters.stopped
+    assert admitter.stopped and quotas.stopped and adapters.stopped and keyring.stopped
     waiters.release.set()
