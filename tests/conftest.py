@@ -12,11 +12,13 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 
 from batchserve.core.migrate import upgrade
 from batchserve.core.settings import Settings
 from batchserve.testing.deployment import Stack
 from tests.support import keys, servers
+from tests.support.inprocess import asgi_client, running_app
 
 TEST_MODELS = Path(__file__).parent / "models.toml"
 _counter = itertools.count(1)
@@ -141,6 +143,20 @@ async def http(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
     """A client of the stack's API (start the API first)."""
     async with client_of(stack) as client:
         yield client
+
+
+@pytest.fixture
+async def app(settings: Settings) -> AsyncIterator[FastAPI]:
+    """The real API app in-process (Postgres, RabbitMQ and Redis behind it)."""
+    async with running_app(settings) as application:
+        yield application
+
+
+@pytest.fixture
+async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of ``app`` over ASGI, with the test key."""
+    async with asgi_client(app) as http:
+        yield http
 
 
 @pytest.fixture

@@ -50,7 +50,6 @@ def create_app(settings: Settings | None = None, services: ApiServices | None = 
     app.include_router(openai.router)
     app.include_router(files.router)
     app.include_router(batches.router)
-    app.include_router(ops.router)
     # Uploads may be as large as a batch file may be (multipart framing on top).
     uploads = {"/v1/files": settings.max_file_bytes + 65_536}
     # Innermost first: the JSON check reads a body the size limit has already bounded.
@@ -58,3 +57,16 @@ def create_app(settings: Settings | None = None, services: ApiServices | None = 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, overrides=uploads)
     app.add_middleware(RejectionCounter)  # outermost: it sees the size guard's refusals too
     return app
+
+
+def create_ops_app(app: FastAPI) -> FastAPI:
+    """The operator endpoints of ``app``'s services (``/metrics``, ``/dashboard``,
+    ``/dashboard/data``), for a listener of their own: they show every tenant's traffic and
+    failures, so they are never on the public port."""
+    ops_app = FastAPI(
+        title="batchserve operations", openapi_url=None, docs_url=None, redoc_url=None
+    )
+    ops_app.state = app.state  # the services the API's lifespan started
+    problems.install(ops_app)
+    ops_app.include_router(ops.router)
+    return ops_app

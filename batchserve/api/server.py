@@ -1,4 +1,5 @@
-"""The API's HTTP server: uvicorn, with bounded read times.
+"""The API's HTTP servers: the public one (uvicorn, with bounded read times) and the operators'
+listener beside it.
 
 uvicorn closes a connection that stays idle after a response (keep-alive timeout), but a
 connection that never finishes sending a request is kept for ever: a client sending its headers
@@ -8,16 +9,24 @@ headers have not all arrived within ``http_header_timeout_s`` of its first byte 
 connection, for one that sends nothing), and one whose body has not all arrived within
 ``http_body_timeout_s`` of its headers. The handler of a request whose body stops coming hears
 a disconnect, as when the client goes away.
+
+The operator endpoints (``/metrics``, ``/dashboard``, ``/dashboard/data``: every tenant's
+traffic and recent failures) are never on the public port: :func:`serve_api` serves them on
+``metrics_host:metrics_port`` (loopback by default), as every other role serves its metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from batchserve.api.main import create_ops_app
 from batchserve.core.logs import get_logger
 from batchserve.core.settings import Settings
 
@@ -92,3 +101,44 @@ def server_config(
         timeout_keep_alive=75,
         **extra,
     )
+
+
+class _Beside(uvicorn.Server):
+    """A second listener of the API's process: the public server hears the signals and this
+    one stops with it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def serve_api(app: FastAPI, settings: Settings, host: str, port: int, **extra: Any) -> None:
+    """Serve ``app`` on ``host:port`` until told to stop, and its operator endpoints on the
+    metrics port when one is set (from when the app's services have started)."""
+    server = uvicorn.Server(server_config(app, settings, host, port, **extra))
+    if settings.metrics_port is None:
+        await server.serve()
+        return
+    public = asyncio.create_task(server.serve())
+    while not server.started and not public.done():
+        await asyncio.sleep(0.02)
+    if public.done():
+        await public
+        return
+    ops_config = uvicorn.Config(
+        create_ops_app(app),
+        host=settings.metrics_host,
+        port=settings.metrics_port,
+        log_config=None,
+        access_log=False,
+        loop="asyncio",
+        lifespan="off",
+    )
+    ops = _Beside(ops_config)
+    beside = asyncio.create_task(ops.serve())
+    log.info("ops_listening", url=f"http://{settings.metrics_host}:{settings.metrics_port}")
+    try:
+        await public
+    finally:
+        ops.should_exit = True
+        await beside

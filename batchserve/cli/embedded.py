@@ -12,10 +12,8 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-import uvicorn
-
 from batchserve.api.main import create_app
-from batchserve.api.server import server_config
+from batchserve.api.server import serve_api
 from batchserve.api.services import ApiServices
 from batchserve.batching.batcher import ModelBatcher
 from batchserve.cli.roles import batcher_config, job_driver, maintenance_config
@@ -178,14 +176,16 @@ async def run_embedded(settings: Settings, host: str, port: int) -> None:
     stack = EmbeddedStack(settings)
     await stack.start()
     app = create_app(settings, services=stack.api)
-    server = uvicorn.Server(server_config(app, settings, host, port))
     log.info(
         "embedded_ready",
         url=f"http://{host}:{port}",
         database=redacted(settings.effective_database_url),
     )
     print(f"batchserve (embedded) listening on http://{host}:{port}", flush=True)
+    if settings.metrics_port is not None:
+        ops = f"http://{settings.metrics_host}:{settings.metrics_port}"
+        print(f"dashboard on {ops}/dashboard, metrics on {ops}/metrics", flush=True)
     try:
-        await server.serve()
+        await serve_api(app, settings, host, port)
     finally:
         await stack.stop()

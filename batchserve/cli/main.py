@@ -59,21 +59,36 @@ def _settings(role: str) -> Settings:
 
 
 @app.command()
-def serve(host: Host = "127.0.0.1", port: Port = 8000) -> None:
+def serve(
+    host: Host = "127.0.0.1",
+    port: Port = 8000,
+    ops_port: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=65535,
+            help="The dashboard and /metrics, on BATCHSERVE_METRICS_HOST (loopback); "
+            "default: the port after --port",
+        ),
+    ] = None,
+) -> None:
     """Every role on this machine, supervised (embedded when no servers are configured)."""
     settings = _settings("serve")
     from batchserve.cli.keys import announce_first_key
     from batchserve.cli.served import write_served
 
+    ops = ops_port if ops_port is not None else port + 1
     # What the user's next commands (keys, submit, status) should open by default.
     local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    write_served(settings, f"http://{local}:{port}")
+    ops_host = settings.metrics_host
+    ops_local = "127.0.0.1" if ops_host in ("0.0.0.0", "::", "") else ops_host
+    write_served(settings, f"http://{local}:{port}", ops_url=f"http://{ops_local}:{ops}")
 
     announce_first_key(settings)
     if settings.embedded:
         from batchserve.cli.embedded import run_embedded
 
-        loops.run(run_embedded(settings, host, port))
+        loops.run(run_embedded(settings.model_copy(update={"metrics_port": ops}), host, port))
         return
     from batchserve.cli.supervisor import Supervisor, plan_children
     from batchserve.core.migrate import upgrade
@@ -92,6 +107,7 @@ def serve(host: Host = "127.0.0.1", port: Port = 8000) -> None:
         [spec.name for spec in served],
         {s.name: s.slots for s in registry.specs()},
         metrics_port=settings.metrics_port,
+        ops_port=ops,
     )
     raise typer.Exit(Supervisor(children).run(ready_url=f"http://{host}:{port}"))
 

@@ -127,10 +127,8 @@ async def run_maintenance(settings: Settings) -> None:
 
 
 def run_api(settings: Settings, host: str, port: int) -> None:
-    import uvicorn
 
     from batchserve.api.main import create_app
-    from batchserve.api.server import server_config
+    from batchserve.api.server import serve_api
 
-    config = server_config(create_app(settings), settings, host, port, timeout_graceful_shutdown=10)
-    uvicorn.Server(config).run()
+    asyncio.run(serve_api(create_app(settings), settings, host, port, timeout_graceful_shutdown=10))

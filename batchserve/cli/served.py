@@ -29,6 +29,7 @@ import typer
 from batchserve.core.settings import Settings, load_settings
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+DEFAULT_OPS_URL = "http://127.0.0.1:8001"
 FILE_NAME = "serve.json"
 SERVER_KEYS = ("database_url", "broker_url", "redis_url")
 
@@ -40,20 +41,27 @@ class Served:
     servers: dict[str, str]  # empty: embedded
     pid: int
     started_at: float
+    ops_url: str | None = None  # the dashboard and /metrics (never on the public port)
 
 
 def served_path(settings: Settings) -> Path:
     return settings.home / FILE_NAME
 
 
-def write_served(settings: Settings, url: str) -> Path:
+def write_served(settings: Settings, url: str, ops_url: str | None = None) -> Path:
     """Record what this ``serve`` runs on, readable by its owner only."""
     path = served_path(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
     servers = {} if settings.embedded else {k: str(getattr(settings, k)) for k in SERVER_KEYS}
     if servers and settings.namespace:
         servers["namespace"] = settings.namespace
-    document = {"url": url, "servers": servers, "pid": os.getpid(), "started_at": time.time()}
+    document = {
+        "url": url,
+        "ops_url": ops_url,
+        "servers": servers,
+        "pid": os.getpid(),
+        "started_at": time.time(),
+    }
     temporary = path.with_suffix(".tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
@@ -72,8 +80,16 @@ def read_served(settings: Settings) -> Served | None:
             servers={str(k): str(v) for k, v in dict(document.get("servers") or {}).items()},
             pid=int(document.get("pid", 0)),
             started_at=float(document.get("started_at", 0.0)),
+            ops_url=str(document["ops_url"]) if document.get("ops_url") else None,
         )
     except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _last_served() -> Served | None:
+    try:
+        return read_served(load_settings())
+    except ValueError:  # settings the environment makes invalid: no file to trust either
         return None
 
 
@@ -82,11 +98,19 @@ def client_url(explicit: str | None) -> str:
     ``explicit``)."""
     if explicit:
         return explicit.rstrip("/")
-    try:
-        served = read_served(load_settings())
-    except ValueError:
-        served = None
+    served = _last_served()
     return served.url if served is not None else DEFAULT_URL
+
+
+def ops_url(explicit: str | None) -> str:
+    """Where the operator endpoints are (``--ops-url`` or ``BATCHSERVE_OPS_URL`` arrive as
+    ``explicit``): else the last ``serve``'s, else the port after the default API port's."""
+    if explicit:
+        return explicit.rstrip("/")
+    served = _last_served()
+    if served is not None and served.ops_url:
+        return served.ops_url
+    return DEFAULT_OPS_URL
 
 
 def admin_settings() -> Settings:

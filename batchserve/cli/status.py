@@ -17,16 +17,20 @@ console = Console(width=140)
 def status(
     url: Annotated[
         str | None,
-        typer.Option(envvar="BATCHSERVE_URL", help="Service URL (default: the last `serve`'s)"),
+        typer.Option(
+            "--ops-url",
+            envvar="BATCHSERVE_OPS_URL",
+            help="The API's operator listener (default: the last `serve`'s)",
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document")] = False,
     watch: Annotated[float, typer.Option(help="Redraw every N seconds; 0 = once")] = 0.0,
 ) -> None:
     """Models, queue depths, slots, recent batch sizes, latency percentiles and the worker count
     the capacity planner advises for the observed arrival rate."""
-    from batchserve.cli.served import client_url
+    from batchserve.cli.served import ops_url
 
-    base = client_url(url)
+    base = ops_url(url)
     while True:
         report = status_report(fetch_snapshot(base))
         if as_json:

@@ -116,9 +116,11 @@ def plan_children(
     models: list[str],
     slots: dict[str, int],
     metrics_port: int | None = None,
+    ops_port: int | None = None,
 ) -> list[Child]:
-    """The roles of one machine. With ``metrics_port``, each role but the API (which serves
-    ``/metrics`` itself) gets an exporter port of its own, counting up from it."""
+    """The roles of one machine. With ``metrics_port``, each role but the API gets an exporter
+    port of its own, counting up from it; the API serves ``/metrics`` and the dashboard on
+    ``ops_port`` (never on its public port)."""
     children = [
         Child("api", role_argv("api", "--host", host, "--port", str(port))),
         Child("batcher", role_argv("batcher")),
@@ -132,6 +134,8 @@ def plan_children(
                 role_argv("worker", "--model", model, "--slots", str(slots.get(model, 1))),
             )
         )
+    if ops_port is not None:
+        children[0].env["BATCHSERVE_METRICS_PORT"] = str(ops_port)
     if metrics_port is not None:
         for offset, child in enumerate(c for c in children if c.name != "api"):
             child.env["BATCHSERVE_METRICS_PORT"] = str(metrics_port + offset)

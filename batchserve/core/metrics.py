@@ -2,7 +2,7 @@
 
 Every process counts what it does itself (the API its admissions and rejections, the batcher
 the batches it forms, a worker the batches it runs, any process the state changes it commits)
-and serves its own figures: the API on ``/metrics`` of its HTTP port, every other role on
+and serves its own figures: the API on ``/metrics`` of its ops listener, every other role on
 ``BATCHSERVE_METRICS_PORT`` when set. Prometheus adds them up across processes. A Celery
 worker's batches run in its pool's child processes, so a worker collects them through
 ``prometheus_client``'s multiprocess mode (one small file per child, merged at scrape time).
@@ -214,7 +214,7 @@ def mark_process_dead(pid: int) -> None:
 
 def serve_role_metrics(settings: Settings, role: str) -> None:
     """Start a role's exporter when ``BATCHSERVE_METRICS_PORT`` is set (batcher, maintenance,
-    webhooks; the worker serves its pool's, the API its own /metrics)."""
+    webhooks; the worker serves its pool's, the API its ops listener)."""
     if settings.metrics_port is not None:
         serve_exporter(settings.metrics_port, settings.metrics_host, role)
 

@@ -28,8 +28,8 @@ class Settings(BaseSettings):
     env: Literal["development", "production"] = "development"
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
-    # Prometheus exporter of the roles without an HTTP port of their own (batcher, worker,
-    # maintenance, webhooks); the API serves /metrics on its port. Unset: no exporter.
+    # Every role's Prometheus exporter; the API's operator listener (/metrics, /dashboard, never
+    # on its public port). Unset: none.
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     metrics_host: str = "127.0.0.1"
 

@@ -57,12 +57,17 @@ class Stack:
     env: dict[str, str]
     log_dir: Path
     port: int = field(default_factory=free_port)
+    ops_port: int = field(default_factory=free_port)  # the API's /metrics and dashboard
     roles: dict[str, Role] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)  # tenant -> API key
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ops_url(self) -> str:
+        return f"http://127.0.0.1:{self.ops_port}"
 
     def make_key(self, tenant: str = "default", **quotas: Any) -> str:
         """A new API key for ``tenant`` in this deployment's (migrated) database."""
@@ -112,6 +117,8 @@ class Stack:
         return role
 
     def start_api(self, name: str = "api", env: dict[str, str] | None = None) -> Role:
+        """The API on this deployment's port, its operator endpoints on ``ops_port``."""
+        env = {"BATCHSERVE_METRICS_PORT": str(self.ops_port), **(env or {})}
         role = self.start(name, "api", "--host", "127.0.0.1", "--port", str(self.port), env=env)
         self.wait_http()
         return role

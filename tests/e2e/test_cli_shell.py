@@ -46,10 +46,17 @@ def test_the_shell_and_the_server_agree_without_flags(tmp_path: Path) -> None:
         assert status.returncode == 0, status.stderr
         assert "echo-100ms" in {m["model"] for m in json.loads(status.stdout)["models"]}
 
-        # BATCHSERVE_URL names another server: nobody there is one line, no traceback.
+        # BATCHSERVE_URL (BATCHSERVE_OPS_URL for status) names another server: nobody there is
+        # one line, no traceback.
         nobody = f"http://127.0.0.1:{free_port()}"
         for args in (("submit", "hi"), ("status",), ("batch", "status", "batch_x")):
-            failed = _cli(tmp_path, *args, BATCHSERVE_URL=nobody, BATCHSERVE_API_KEY=key)
+            failed = _cli(
+                tmp_path,
+                *args,
+                BATCHSERVE_URL=nobody,
+                BATCHSERVE_OPS_URL=nobody,
+                BATCHSERVE_API_KEY=key,
+            )
             assert failed.returncode == 1, (args, failed.stdout, failed.stderr)
             assert failed.stderr.startswith(f"batchserve: cannot reach {nobody}"), failed.stderr
             assert failed.stderr.count("\n") == 1 and "Traceback" not in failed.stderr

@@ -83,6 +83,8 @@ def embedded_service(home: Path) -> Iterator[Service]:
             "127.0.0.1",
             "--port",
             str(port),
+            "--ops-port",
+            str(free_port()),
         ],
         env=env,
         cwd=ROOT,

@@ -102,7 +102,7 @@ async def test_dashboard_shows_live_figures_of_a_running_stack(
         )
     load = asyncio.create_task(traffic(stack))
 
-    await asyncio.to_thread(chromium.get, f"{stack.url}/dashboard")
+    await asyncio.to_thread(chromium.get, f"{stack.ops_url}/dashboard")
     assert chromium.title == "batchserve dashboard"
 
     def live_batches() -> bool:

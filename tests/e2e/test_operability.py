@@ -89,7 +89,7 @@ async def test_metrics_of_every_role_are_present_and_move_under_load(
     stack.start("maintenance", "maintenance", env=exporter("maintenance"))
     stack.start("webhooks", "webhooks", env=exporter("webhooks"))
     stack.start_api()
-    api_metrics = f"{stack.url}/metrics"
+    api_metrics = f"{stack.ops_url}/metrics"
 
     # No worker yet: a backlog builds, and the queue gauges show it.
     backlog = [
@@ -239,7 +239,7 @@ async def test_json_logs_let_one_grep_follow_a_request_across_processes(
 
 def run_status(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "batchserve.cli", "status", "--url", stack.url, *args],
+        [sys.executable, "-m", "batchserve.cli", "status", "--ops-url", stack.ops_url, *args],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -271,7 +271,7 @@ async def test_the_learned_sequence_time_is_live(stack: Stack, http: httpx.Async
     assert estimate["source"] == "learned" and estimate["observations"] >= 8, estimate
     assert estimate["per_token_s"] > 0
     # `batchserve status --json` shows the same belief.
-    result = CliRunner().invoke(app, ["status", "--url", stack.url, "--json"])
+    result = CliRunner().invoke(app, ["status", "--ops-url", stack.ops_url, "--json"])
     assert result.exit_code == 0, result.output
     [row] = [m for m in json.loads(result.output)["models"] if m["model"] == SMOL]
     assert row["kind"] == "engine" and row["estimate"]["source"] == "learned"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -16,19 +15,6 @@ from fastapi import FastAPI
 from batchserve.core.settings import Settings
 from batchserve.core.store import JobStore, advisory_key
 from tests.support import keys
-from tests.support.inprocess import asgi_client, running_app
-
-
-@pytest.fixture
-async def app(settings: Settings) -> AsyncIterator[FastAPI]:
-    async with running_app(settings) as application:
-        yield application
-
-
-@pytest.fixture
-async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    async with asgi_client(app) as http:
-        yield http
 
 
 def store_of(app: FastAPI) -> JobStore:

@@ -35,16 +35,16 @@ def submit(**fields: Any) -> dict[str, Any]:
     ],
 )
 async def test_a_string_is_not_a_number_and_a_bool_not_an_int(
-    api: httpx.AsyncClient, app: FastAPI, body: dict[str, Any], field: str
+    client: httpx.AsyncClient, app: FastAPI, body: dict[str, Any], field: str
 ) -> None:
-    response = await api.post(SUBMIT, json=body)
+    response = await client.post(SUBMIT, json=body)
     assert response.status_code == 422, response.text
     assert [e["field"] for e in response.json()["errors"]] == [field]
     assert await stored_requests(app) == 0
 
 
-async def test_numbers_of_the_right_type_still_pass(api: httpx.AsyncClient) -> None:
-    response = await api.post(
+async def test_numbers_of_the_right_type_still_pass(client: httpx.AsyncClient) -> None:
+    response = await client.post(
         SUBMIT, json=submit(params={"max_tokens": 5, "temperature": 1, "top_p": 0.5}, timeout_s=10)
     )
     assert response.status_code == 202, response.text
@@ -55,10 +55,10 @@ async def test_numbers_of_the_right_type_still_pass(api: httpx.AsyncClient) -> N
     [("max_tokens", True), ("max_tokens", "10"), ("temperature", "1"), ("stream", "yes")],
 )
 async def test_the_openai_routes_type_strictly_too(
-    api: httpx.AsyncClient, field: str, value: Any
+    client: httpx.AsyncClient, field: str, value: Any
 ) -> None:
     body = {"model": "echo-100ms", "messages": [{"role": "user", "content": "hi"}], field: value}
-    response = await api.post(CHAT, json=body)
+    response = await client.post(CHAT, json=body)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == field
 
@@ -87,21 +87,21 @@ async def test_the_openai_routes_type_strictly_too(
     ],
 )
 async def test_bodies_the_parser_cannot_take_are_refused_by_name(
-    api: httpx.AsyncClient, app: FastAPI, raw: bytes, code: str, limit: dict[str, int] | None
+    client: httpx.AsyncClient, app: FastAPI, raw: bytes, code: str, limit: dict[str, int] | None
 ) -> None:
-    response = await api.post(SUBMIT, content=raw, headers=JSON)
+    response = await client.post(SUBMIT, content=raw, headers=JSON)
     assert response.status_code == 400, response.text
     problem = response.json()
     assert problem["code"] == code and problem["field"] == "body", problem
     assert problem.get("limit") == limit
     assert await stored_requests(app) == 0
     # The OpenAI routes say the same in OpenAI's shape.
-    chat = await api.post(CHAT, content=raw.replace(b'"input"', b'"prompt"'), headers=JSON)
+    chat = await client.post(CHAT, content=raw.replace(b'"input"', b'"prompt"'), headers=JSON)
     assert chat.status_code == 400 and chat.json()["error"]["code"] == code, chat.text
 
 
 async def test_an_oversized_chunked_body_is_413(
-    api: httpx.AsyncClient, app: FastAPI, settings: Any
+    client: httpx.AsyncClient, app: FastAPI, settings: Any
 ) -> None:
     limit = settings.max_body_bytes
 
@@ -111,13 +111,13 @@ async def test_an_oversized_chunked_body_is_413(
             yield b"a" * 65_536
         yield b'"}'
 
-    response = await api.post(SUBMIT, content=chunks(), headers=JSON)  # no Content-Length
+    response = await client.post(SUBMIT, content=chunks(), headers=JSON)  # no Content-Length
     assert response.status_code == 413, response.text
     assert response.json()["limit"] == {"max_bytes": limit}
     assert await stored_requests(app) == 0
 
 
-async def test_an_oversized_chunked_upload_is_413(api: httpx.AsyncClient, settings: Any) -> None:
+async def test_an_oversized_chunked_upload_is_413(client: httpx.AsyncClient, settings: Any) -> None:
     limit = settings.max_file_bytes + 65_536
 
     async def chunks() -> AsyncIterator[bytes]:
@@ -127,5 +127,5 @@ async def test_an_oversized_chunked_upload_is_413(api: httpx.AsyncClient, settin
             yield b"a" * 1_048_576
 
     headers = {"Content-Type": "multipart/form-data; boundary=b"}
-    response = await api.post("/v1/files", content=chunks(), headers=headers)
+    response = await client.post("/v1/files", content=chunks(), headers=headers)
     assert response.status_code == 413, response.text

@@ -26,21 +26,21 @@ ENABLE = "/v1/webhooks/endpoints/enable"
     ],
 )
 async def test_enable_refuses_what_a_webhook_url_may_not_be(
-    api: httpx.AsyncClient, url: str
+    client: httpx.AsyncClient, url: str
 ) -> None:
-    response = await api.post(ENABLE, json={"url": url})
+    response = await client.post(ENABLE, json={"url": url})
     assert response.status_code == 422, response.text
     problem = response.json()
     assert problem["code"] == "unsafe_webhook_url" and problem["field"] == "url", problem
     # The same URL as a request's webhook is refused the same way.
-    submitted = await api.post(
+    submitted = await client.post(
         "/v1/requests", json={"model": "echo-100ms", "input": "x", "webhook_url": url}
     )
     assert submitted.status_code == 422 and submitted.json()["field"] == "webhook_url"
 
 
-async def test_enable_takes_a_public_address(api: httpx.AsyncClient) -> None:
-    response = await api.post(ENABLE, json={"url": "https://93.184.215.14/hook"})
+async def test_enable_takes_a_public_address(client: httpx.AsyncClient) -> None:
+    response = await client.post(ENABLE, json={"url": "https://93.184.215.14/hook"})
     assert response.status_code == 200, response.text
     assert response.json()["url"] == "https://93.184.215.14/hook"
     assert response.json()["enabled"] is True

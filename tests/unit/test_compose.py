@@ -128,3 +128,10 @@ def test_the_image_installs_the_cpu_build_of_torch_first() -> None:
     assert torch < DOCKERFILE.index("pip install '.[transformers]'")
     # The extra takes a range the CPU build installed first satisfies, so pip keeps it.
     assert '"torch>=2.4"' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_only_the_api_port_is_published_and_its_operator_endpoints_stay_inside() -> None:
+    published = {name: s["ports"] for name, s in COMPOSE["services"].items() if "ports" in s}
+    assert published == {"api": ["8000-8001:8000"]}
+    # The API's /metrics and dashboard go to the metrics port, which nothing publishes.
+    assert COMPOSE["x-env"]["BATCHSERVE_METRICS_PORT"] == "9100"

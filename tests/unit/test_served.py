@@ -9,7 +9,14 @@ import httpx
 import pytest
 import typer
 
-from batchserve.cli.served import admin_settings, client_url, reaching, read_served, write_served
+from batchserve.cli.served import (
+    admin_settings,
+    client_url,
+    ops_url,
+    reaching,
+    read_served,
+    write_served,
+)
 from batchserve.core.settings import Settings
 
 SERVERS = {
@@ -115,3 +122,10 @@ def test_a_database_that_cannot_be_opened_is_one_line(
         assert result.exit_code == 1, result.output
         assert f"batchserve: cannot open sqlite:///{home}/no/such/dir/x.sqlite3" in result.stderr
         assert "Traceback" not in result.output
+
+
+def test_status_reads_the_ops_port_the_last_serve_recorded(home: Path) -> None:
+    assert ops_url(None) == "http://127.0.0.1:8001"  # no serve yet: the port after 8000
+    write_served(Settings(home=home), "http://127.0.0.1:8401", ops_url="http://127.0.0.1:8402")
+    assert ops_url(None) == "http://127.0.0.1:8402"
+    assert ops_url("http://10.0.0.5:9100/") == "http://10.0.0.5:9100"  # the shell wins

@@ -1,7 +1,8 @@
 """Operator endpoints: ``/metrics`` (Prometheus), ``/dashboard`` and the data it polls.
 
-They sit outside ``/v1`` and carry no tenant's data beyond ids and error codes; keep them on
-the operators' network (the reverse proxy in front of the API should not route them).
+They show every tenant's traffic and recent failures (ids and error codes), so they are served by
+the API's ops listener only (``batchserve.api.server.serve_api``, on the metrics port), never on
+its public port.
 """
 
 from __future__ import annotations
