@@ -13,16 +13,23 @@ from batchserve.core.store import Admission, TenantRow
 
 async def admit(services: ApiServices, caller: TenantRow, command: SubmitCommand) -> Admission:
     now = to_epoch(command.created_at)
+    recent = services.recent_admissions
     try:
         await services.quotas.check(caller, command, now)
-        await refuse_if_hopeless(services.adapters.loadboard, command, now)
+        await refuse_if_hopeless(services.adapters.loadboard, command, now, recent)
     except Overloaded:
         original = await _original(services, command)
         if original is None:
             raise
         return Admission(record=original, replayed=True, message=None)
-    admission = await services.admitter.submit(command)
-    if not admission.replayed:
+    try:
+        admission = await services.admitter.submit(command)
+    except BaseException:
+        recent.discard(command.model, command.lane, now)
+        raise
+    if admission.replayed:
+        recent.discard(command.model, command.lane, now)
+    else:
         services.quotas.admitted(caller.name, command)
     return admission
 

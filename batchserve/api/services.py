@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from batchserve.api.auth import KeyRing
+from batchserve.api.deadlines import RecentAdmissions
 from batchserve.api.group_commit import Admitter
 from batchserve.api.quotas import Quotas
 from batchserve.api.waiters import Waiters
@@ -37,6 +38,8 @@ class ApiServices:
     quotas: Quotas
     # The clock requests are stamped with (the embedded stack's, which a test may step).
     clock: Callable[[], float] = field(default=time.time)
+    # Admitted since the batcher's latest load snapshot: deadline admission counts them.
+    recent_admissions: RecentAdmissions = field(default_factory=RecentAdmissions)
 
     def now(self) -> datetime:
         return from_epoch(self.clock())

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from batchserve.api.deadlines import refuse_if_hopeless
+from batchserve.api.deadlines import RecentAdmissions, refuse_if_hopeless
 from batchserve.batching.batcher import BatcherConfig, ModelBatcher
 from batchserve.batching.estimate import BatchShape, FixedBatchTime, LearnedBatchTime
 from batchserve.core.broker import Delivery, MemoryRequestQueue
@@ -194,10 +194,11 @@ async def test_deadlines_are_held_to_the_speed_alone_and_time_limits_to_a_full_e
     command = stepped_command(
         "x", model=ENGINE.name, now=rig.clock(), max_tokens=1000, timeout_s=30.0
     )
-    await refuse_if_hopeless(rig.board, command, rig.clock())  # admitted
+    recent = RecentAdmissions()
+    await refuse_if_hopeless(rig.board, command, rig.clock(), recent)  # admitted
     with pytest.raises(DeadlineUnmeetable):
         await refuse_if_hopeless(
-            rig.board, dataclasses.replace(command, max_tokens=2000), rig.clock()
+            rig.board, dataclasses.replace(command, max_tokens=2000), rig.clock(), recent
         )
 
     await rig.arrive(1, max_tokens=1000, timeout_s=30.0)

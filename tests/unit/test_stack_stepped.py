@@ -131,6 +131,47 @@ async def test_a_hopeless_deadline_is_refused_at_admission_and_the_rest_all_run(
     assert stored == len(results) == 401  # the refused one was never stored
 
 
+LONE = """
+[models.echo-lone]
+backend = "fixed"
+batch_time_ms = 1500
+max_batch_size = 1
+policy = "greedy"
+"""
+
+
+async def test_a_burst_of_submits_counts_itself_so_nothing_accepted_expires(
+    tmp_path: Path,
+) -> None:
+    """One slot of 1.5 s batches of one, busy until t=1.5: twelve submits at t=0.2, each due in
+    5 s. Only the first two can finish in time (at 3.0 and 4.5), so admission takes two and
+    refuses ten with 503, though all twelve read the same load snapshot (each counts those let
+    in before it); the two then run, and nothing accepted expires in the batcher. Before,
+    all twelve were accepted and ten expired unrun."""
+    registry = tmp_path / "models.toml"
+    registry.write_text(LONE)
+    stepped = await SteppedStack.create(tmp_path, registry)
+    body = {"model": "echo-lone"}
+    async with stepped.running() as client:
+        blocker = await stepped.submit(client, "blocker", **body)
+        await stepped.advance(0.2)  # running till 1.5; the batcher publishes its load
+        burst = await asyncio.gather(
+            *(
+                client.post("/v1/requests", json={**body, "input": f"due {i}", "timeout_s": 5})
+                for i in range(12)
+            )
+        )
+        taken = [r.json()["id"] for r in burst if r.status_code == 202]
+        refused = [r.json() for r in burst if r.status_code == 503]
+        assert len(taken) == 2 and len(refused) == 10, [r.status_code for r in burst]
+        assert {p["code"] for p in refused} == {"deadline_unmeetable"}
+        await stepped.settle()
+        await stepped.advance(10.0)
+        results = [await _result(client, i) for i in [blocker, *taken]]
+    assert [r["status"] for r in results] == ["succeeded"] * 3
+    assert all(r["attempts"] == 1 for r in results)
+
+
 ECHO = """
 [models.echo-100ms]
 backend = "fixed"
