@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from batchserve.api.services import ApiServices
@@ -41,3 +41,6 @@ async def get_tenant(caller: Annotated[TenantRow, Depends(get_caller)]) -> str:
 Services = Annotated[ApiServices, Depends(get_services)]
 Caller = Annotated[TenantRow, Depends(get_caller)]
 Tenant = Annotated[str, Depends(get_tenant)]
+# The same semantics on every route that creates a request: a retry with the key gets the
+# original request (its answer, on the synchronous routes), never a second run.
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
-from batchserve.api.deps import Caller, Services, get_caller
+from batchserve.api.deps import Caller, IdempotencyKey, Services, get_caller
 from batchserve.api.intake import admit
 from batchserve.api.openai_errors import OpenAIRoute
 from batchserve.api.openai_schemas import (
@@ -65,27 +65,38 @@ STREAMED: dict[int | str, dict[str, Any]] = {
 
 @router.post("/chat/completions", responses=STREAMED)
 async def create_chat_completion(
-    body: ChatBody, services: Services, caller: Caller, request: Request
+    body: ChatBody,
+    services: Services,
+    caller: Caller,
+    request: Request,
+    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """A chat completion, OpenAI's way: submit, wait for the batch it rides, answer (or
-    stream it, with ``stream: true``)."""
+    stream it, with ``stream: true``). A retry with the same ``Idempotency-Key`` gets the
+    first request's answer; it never runs twice."""
     submit = body.to_submit(timeout_s=services.settings.openai_timeout_s, can_stream=True)
+    command = await _command(services, caller, submit, idempotency_key)
     if body.stream:
-        record = await _submit(services, caller, await _command(services, caller, submit))
+        record = await _submit(services, caller, command)
         return _stream(services, caller, record, _format(body, chat=True))
-    return JSON(chat_completion(await _submit_and_answer(services, caller, submit, request)))
+    return JSON(chat_completion(await _submit_and_answer(services, caller, command, request)))
 
 
 @router.post("/completions", responses=STREAMED)
 async def create_completion(
-    body: CompletionBody, services: Services, caller: Caller, request: Request
+    body: CompletionBody,
+    services: Services,
+    caller: Caller,
+    request: Request,
+    idempotency_key: IdempotencyKey = None,
 ) -> Response:
-    """A text completion, OpenAI's way."""
+    """A text completion, OpenAI's way (``Idempotency-Key`` as for chat)."""
     submit = body.to_submit(timeout_s=services.settings.openai_timeout_s, can_stream=True)
+    command = await _command(services, caller, submit, idempotency_key)
     if body.stream:
-        record = await _submit(services, caller, await _command(services, caller, submit))
+        record = await _submit(services, caller, command)
         return _stream(services, caller, record, _format(body, chat=False))
-    return JSON(text_completion(await _submit_and_answer(services, caller, submit, request)))
+    return JSON(text_completion(await _submit_and_answer(services, caller, command, request)))
 
 
 def _format(body: OpenAIBody, *, chat: bool) -> ChunkFormat:
@@ -93,12 +104,12 @@ def _format(body: OpenAIBody, *, chat: bool) -> ChunkFormat:
 
 
 async def _command(
-    services: ApiServices, caller: TenantRow, submit: SubmitRequest
+    services: ApiServices, caller: TenantRow, submit: SubmitRequest, idempotency_key: str | None
 ) -> SubmitCommand:
     return build_command(
         submit,
         tenant=caller.name,
-        idempotency_key=None,
+        idempotency_key=idempotency_key,
         registry=services.adapters.registry,
         settings=services.settings,
         now=services.now(),
@@ -113,18 +124,17 @@ async def _submit(
 
 
 async def _submit_and_answer(
-    services: ApiServices, caller: TenantRow, submit: SubmitRequest, request: Request
+    services: ApiServices, caller: TenantRow, command: SubmitCommand, request: Request
 ) -> RequestRecord:
     """Admit the request and wait for its terminal state; raise how it failed, if it did.
 
     Watched before it is admitted, so its end cannot come unheard and the only read is the
     one its end triggers (a watch begun after admission had to read once more to be sure)."""
-    command = await _command(services, caller, submit)
     with services.waiters.watch(str(command.id), terminal_only=True) as changed:
         record = await _submit(services, caller, command)
         if record.id == command.id:
             waiting = wait_from(services, record, caller.name, _wait_s(services), changed)
-        else:  # not the request just built (no OpenAI route sends an idempotency key yet)
+        else:  # a retry with the Idempotency-Key of an earlier request: that one's answer
             waiting = long_poll(services, record, caller.name, _wait_s(services), "terminal")
         return await _answer(services, caller, record, request, waiting)
 

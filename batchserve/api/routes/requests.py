@@ -10,7 +10,7 @@ import orjson
 from fastapi import APIRouter, Depends, Header, Query
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
-from batchserve.api.deps import Caller, Services, Tenant, get_caller
+from batchserve.api.deps import Caller, IdempotencyKey, Services, Tenant, get_caller
 from batchserve.api.intake import admit
 from batchserve.api.polling import read_or_wait, read_request
 from batchserve.api.responses import JSON
@@ -21,8 +21,6 @@ from batchserve.core.domain import RequestRecord, RequestState
 from batchserve.core.errors import InvalidInput
 
 router = APIRouter(prefix="/v1/requests", tags=["requests"], dependencies=[Depends(get_caller)])
-
-IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
 
 
 @router.post(
