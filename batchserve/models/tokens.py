@@ -70,10 +70,15 @@ class PromptCounter:
                     continue
                 waiting.remove(spec)
                 try:
-                    self._tokenizers[spec.name] = FileTokenizer(path)
-                    log.info("tokenizer_ready", model=spec.name)
+                    tokenizer = FileTokenizer(path)
                 except Exception:  # admission falls back to estimates; the worker says more
-                    log.exception("tokenizer_unavailable", model=spec.name)
+                    if not self._stopping.is_set():
+                        log.exception("tokenizer_unavailable", model=spec.name)
+                    continue
+                if self._stopping.is_set():  # stop() gave up waiting: its logs may be closed
+                    return
+                self._tokenizers[spec.name] = tokenizer
+                log.info("tokenizer_ready", model=spec.name)
             if waiting:
                 self._stopping.wait(retry_s)
 
