@@ -71,7 +71,7 @@ class RowCache(Cache):
         max_rows: int,
     ) -> None:
         # Not Cache.__init__: its layer objects are what this class replaces.
-        self.layers = []
+        self.layers: list[Any] = []
         self._shape = (num_kv_heads, head_dim)
         self._dtype, self._device = dtype, device
         self.rows = self.columns = 0
