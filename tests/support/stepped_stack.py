@@ -195,7 +195,11 @@ class SteppedStack:
                 for lane in Lane
             ]
             held = waiting + dispatcher.waiting_for_slot
-            busy = dispatcher.in_flight > held or any(depths)
+            # A batch whose end the clock has passed is not waiting for the clock: its model
+            # thread has yet to wake (on a busy machine settle could end before it did, and the
+            # next batch then left a step late).
+            ended = any(end <= self.now for end in self._model_ends())
+            busy = dispatcher.in_flight > held or any(depths) or ended
             quiet = 0 if busy else quiet + 1
             assert time.monotonic() < give_up, "the stepped stack did not settle"
             await asyncio.sleep(0.002 if busy else 0)
