@@ -42,12 +42,8 @@ def check_json(body: bytes, max_depth: int = MAX_DEPTH) -> None:
         value = json.loads(text, object_pairs_hook=_no_duplicates)
     except BadJson:
         raise
-    except RecursionError:
-        raise BadJson(
-            "too_deep",
-            f"the body nests arrays and objects deeper than {max_depth} levels",
-            {"max_depth": max_depth},
-        ) from None
+    except RecursionError:  # deeper than the parser goes: past max_depth too
+        raise _too_deep(max_depth) from None
     except json.JSONDecodeError as exc:
         raise BadJson(
             "malformed_json",
@@ -63,11 +59,15 @@ def check_json(body: bytes, max_depth: int = MAX_DEPTH) -> None:
             {"max_digits": digits},
         ) from None
     if _depth_over(value, max_depth):
-        raise BadJson(
-            "too_deep",
-            f"the body nests arrays and objects deeper than {max_depth} levels",
-            {"max_depth": max_depth},
-        )
+        raise _too_deep(max_depth)
+
+
+def _too_deep(max_depth: int) -> BadJson:
+    return BadJson(
+        "too_deep",
+        f"the body nests arrays and objects deeper than {max_depth} levels",
+        {"max_depth": max_depth},
+    )
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -58,6 +58,11 @@ def _settings(role: str) -> Settings:
     return settings
 
 
+def _reachable(host: str) -> str:
+    """The address a client on this machine uses for a server bound to ``host``."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
 @app.command()
 def serve(
     host: Host = "127.0.0.1",
@@ -79,10 +84,11 @@ def serve(
 
     ops = ops_port if ops_port is not None else port + 1
     # What the user's next commands (keys, submit, status) should open by default.
-    local = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    ops_host = settings.metrics_host
-    ops_local = "127.0.0.1" if ops_host in ("0.0.0.0", "::", "") else ops_host
-    write_served(settings, f"http://{local}:{port}", ops_url=f"http://{ops_local}:{ops}")
+    write_served(
+        settings,
+        f"http://{_reachable(host)}:{port}",
+        ops_url=f"http://{_reachable(settings.metrics_host)}:{ops}",
+    )
 
     announce_first_key(settings)
     if settings.embedded:

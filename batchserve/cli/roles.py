@@ -127,7 +127,6 @@ async def run_maintenance(settings: Settings) -> None:
 
 
 def run_api(settings: Settings, host: str, port: int) -> None:
-
     from batchserve.api.main import create_app
     from batchserve.api.server import serve_api
 

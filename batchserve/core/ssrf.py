@@ -59,20 +59,21 @@ class WebhookTarget:
             return None
 
 
-def parse_webhook_url(url: str) -> WebhookTarget:
-    """Split a webhook URL, refusing anything but plain ``http(s)://host[:port]/...``."""
+def parse_webhook_url(url: str, field: str = "webhook_url") -> WebhookTarget:
+    """Split a webhook URL, refusing anything but plain ``http(s)://host[:port]/...``; a
+    refusal names ``field`` (the body field the URL came in)."""
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as error:
-        raise UnsafeWebhookUrl(f"webhook_url is not a valid URL: {error}") from error
+        raise UnsafeWebhookUrl(f"{field} is not a valid URL: {error}", field) from error
     scheme = parts.scheme.lower()
     if scheme not in DEFAULT_PORTS or not parts.hostname:
-        raise UnsafeWebhookUrl("webhook_url must be an absolute http(s) URL")
+        raise UnsafeWebhookUrl(f"{field} must be an absolute http(s) URL", field)
     if "@" in parts.netloc:
-        raise UnsafeWebhookUrl("webhook_url must not carry a user name or password")
+        raise UnsafeWebhookUrl(f"{field} must not carry a user name or password", field)
     if any(ch.isspace() or not ch.isprintable() for ch in url):
-        raise UnsafeWebhookUrl("webhook_url must not contain spaces or control characters")
+        raise UnsafeWebhookUrl(f"{field} must not contain spaces or control characters", field)
     host = parts.hostname.lower().rstrip(".")
     return WebhookTarget(url=url, scheme=scheme, host=host, port=port or DEFAULT_PORTS[scheme])
 
@@ -168,21 +169,22 @@ class UrlGuard:
         self.resolve_timeout_s = resolve_timeout_s
         self._resolver = resolver
 
-    async def check_submission(self, url: str) -> None:
-        """Refuse (``UnsafeWebhookUrl``) a URL that is malformed or reaches a private address.
+    async def check_submission(self, url: str, field: str = "webhook_url") -> None:
+        """Refuse (``UnsafeWebhookUrl``, naming ``field``) a URL that is malformed or reaches a
+        private address.
 
         A name that does not exist is refused too; one whose lookup merely times out or fails
         for now is let through, since the delivery-time check decides for good.
         """
-        target = parse_webhook_url(url)
+        target = parse_webhook_url(url, field)
         try:
-            await self.resolve(target)
+            await self.resolve(target, field)
         except ResolutionFailed as error:
             if error.details.get("permanent"):
-                message = f"webhook_url host {target.host!r} does not resolve"
-                raise UnsafeWebhookUrl(message) from error
+                message = f"{field} host {target.host!r} does not resolve"
+                raise UnsafeWebhookUrl(message, field) from error
 
-    async def resolve(self, target: WebhookTarget) -> IPAddress:
+    async def resolve(self, target: WebhookTarget, field: str = "webhook_url") -> IPAddress:
         """The checked address to connect to for ``target``.
 
         Every address the name resolves to must pass, not only the one picked: a resolver that
@@ -201,7 +203,7 @@ class UrlGuard:
             reason = forbidden_reason(address)
             if reason is not None:
                 shown = target.host if literal else f"{target.host} resolves to {address}"
-                raise UnsafeWebhookUrl(f"webhook_url may not reach {shown}: a {reason} address")
+                raise UnsafeWebhookUrl(f"{field} may not reach {shown}: a {reason} address", field)
         return addresses[0]
 
     async def _lookup(self, target: WebhookTarget) -> list[IPAddress]:

@@ -17,7 +17,7 @@ from batchserve.api.schemas import (
     WebhookSecretOut,
     dump,
 )
-from batchserve.core.errors import NotFound, UnsafeWebhookUrl
+from batchserve.core.errors import NotFound
 from batchserve.core.webhook_secrets import NewSecret, SecretInfo
 
 router = APIRouter(tags=["webhooks"], dependencies=[Depends(get_caller)])
@@ -79,10 +79,7 @@ async def enable_endpoint(body: EnableEndpoint, services: Services, tenant: Tena
     """Send to a URL again after it answered 410 Gone (deliveries that failed meanwhile can be
     redelivered). The URL passes the same checks as a request's ``webhook_url``: an endpoint
     that could never be sent to is not one to enable."""
-    try:
-        await services.url_guard.check_submission(body.url)
-    except UnsafeWebhookUrl as unsafe:
-        raise UnsafeWebhookUrl(str(unsafe).replace("webhook_url", "url", 1), field="url") from None
+    await services.url_guard.check_submission(body.url, field="url")
     was_disabled = await services.adapters.store.enable_endpoint(tenant, body.url)
     return JSON(dump(EndpointOut(url=body.url, enabled=True, was_disabled=was_disabled)))
 
