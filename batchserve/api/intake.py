@@ -14,9 +14,13 @@ from batchserve.core.store import Admission, TenantRow
 async def admit(services: ApiServices, caller: TenantRow, command: SubmitCommand) -> Admission:
     now = to_epoch(command.created_at)
     recent = services.recent_admissions
+    # On the clock the batcher's snapshots are stamped with, at full precision: created_at
+    # keeps microseconds, and a request stamped just below a snapshot of the same instant was
+    # taken for one the snapshot had counted.
+    checked_at = services.clock()
     try:
         await services.quotas.check(caller, command, now)
-        await refuse_if_hopeless(services.adapters.loadboard, command, now, recent)
+        await refuse_if_hopeless(services.adapters.loadboard, command, checked_at, recent)
     except Overloaded:
         original = await _original(services, command)
         if original is None:
@@ -25,10 +29,10 @@ async def admit(services: ApiServices, caller: TenantRow, command: SubmitCommand
     try:
         admission = await services.admitter.submit(command)
     except BaseException:
-        recent.discard(command.model, command.lane, now)
+        recent.discard(command.model, command.lane, checked_at)
         raise
     if admission.replayed:
-        recent.discard(command.model, command.lane, now)
+        recent.discard(command.model, command.lane, checked_at)
     else:
         services.quotas.admitted(caller.name, command)
     return admission
