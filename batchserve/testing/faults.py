@@ -44,12 +44,6 @@ def restart_postgres() -> None:
     wait_port(5432)
 
 
-def stop_postgres() -> None:
-    version = sorted(p.name for p in Path("/etc/postgresql").iterdir())[0]
-    _run("pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "stop", "-m", "fast")
-    wait_port(5432, up=False)
-
-
 def start_postgres() -> None:
     version = sorted(p.name for p in Path("/etc/postgresql").iterdir())[0]
     if not port_open(5432):

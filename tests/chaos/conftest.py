@@ -7,6 +7,7 @@ one terminal state: none lost, none stuck, none answered twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -31,8 +32,18 @@ CHAOS_ENV = {"BATCHSERVE_LEASE_S": "1.0", "BATCHSERVE_REPUBLISH_AFTER_S": "1"}
 
 @pytest.fixture
 def stack(database_url: str, namespace: str, tmp_path: Path) -> Iterator[Stack]:
-    env = {**os.environ, **server_env(database_url, namespace), **CHAOS_ENV}
-    deployment = Stack(env=env, log_dir=tmp_path, keys={"tests": keys.key()})
+    with chaos_stack(database_url, namespace, tmp_path) as deployment:
+        yield deployment
+
+
+@contextlib.contextmanager
+def chaos_stack(
+    database_url: str, namespace: str, log_dir: Path, **overrides: str
+) -> Iterator[Stack]:
+    """A deployment with short leases on ``database_url`` (and ``overrides`` of its
+    environment); its roles killed at the end and the shared servers left running."""
+    env = {**os.environ, **server_env(database_url, namespace, **overrides), **CHAOS_ENV}
+    deployment = Stack(env=env, log_dir=log_dir, keys={"tests": keys.key()})
     try:
         yield deployment
     finally:
@@ -94,3 +105,21 @@ def exactly_once(stack: Stack, accepted: list[str], settle_s: float = 60.0) -> C
         unsettled = [(i, found.get(i)) for i in accepted if found.get(i, ("lost",))[0] in UNSETTLED]
         raise AssertionError("\n".join([*report.lines(), f"unsettled: {unsettled[:5]}"]))
     return report
+
+
+ECHO = "echo-100ms"
+
+
+def fault_body(i: int) -> dict[str, object]:
+    return {"model": ECHO, "input": f"under fault {i}", "timeout_s": 300}
+
+
+async def traffic(stack: Stack, rate: float, seconds: float, seed: int) -> list[str]:
+    """Open-loop Poisson submits of the echo model at ``rate`` for ``seconds``: the ids
+    accepted."""
+    from batchserve.bench.loadgen import open_loop, poisson_schedule
+
+    result = await open_loop(
+        stack.url, poisson_schedule(rate, seconds, seed), fault_body, headers=keys.auth()
+    )
+    return [s.request_id for s in result.accepted if s.request_id]

@@ -7,23 +7,9 @@ import asyncio
 
 import httpx
 
-from batchserve.bench.loadgen import open_loop, poisson_schedule
 from batchserve.testing.deployment import Stack
-from tests.chaos.conftest import exactly_once
-from tests.support import keys
+from tests.chaos.conftest import ECHO, exactly_once, traffic
 from tests.support.live import wait_terminal
-
-ECHO = "echo-100ms"
-
-
-async def traffic(stack: Stack, rate: float, seconds: float, seed: int) -> list[str]:
-    result = await open_loop(
-        stack.url,
-        poisson_schedule(rate, seconds, seed),
-        lambda i: {"model": ECHO, "input": f"handover {i}", "timeout_s": 300},
-        headers=keys.auth(),
-    )
-    return [s.request_id for s in result.accepted if s.request_id]
 
 
 async def test_killing_the_active_batcher_hands_over_to_the_standby(

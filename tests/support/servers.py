@@ -48,8 +48,8 @@ def pg_url(database: str) -> str:
     return f"postgresql+psycopg://postgres@127.0.0.1:5432/{database}"
 
 
-def create_database(name: str, template: str | None = None) -> None:
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+def create_database(name: str, template: str | None = None, *, admin: str = PG_ADMIN) -> None:
+    with psycopg.connect(admin, autocommit=True) as conn:
         clause = f' TEMPLATE "{template}"' if template else ""
         conn.execute(f'CREATE DATABASE "{name}"{clause}')
 
@@ -70,13 +70,13 @@ def drop_stale_databases() -> None:
         ]
         for name in names:
             pid = run_pid(name[len(DB_PREFIX) :].split("_")[0])
-            if pid is not None and _alive(pid):
+            if pid is not None and alive(pid):
                 continue
             with contextlib.suppress(psycopg.Error):
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
