@@ -179,8 +179,22 @@ def formatter(role: str, fmt: str = "text") -> logging.Formatter:
     )
 
 
+class _Stderr(logging.StreamHandler):
+    """Writes to ``sys.stderr`` as it is when a line is written, not as it was at setup: a
+    harness that swaps and closes it (pytest's capture) left a handler writing to a closed file
+    ("I/O operation on closed file" from a thread logging later)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: Any) -> None:
+        pass
+
+
 def setup_logging(role: str, *, fmt: str = "text", level: str = "INFO") -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Stderr()
     handler.setFormatter(formatter(role, fmt))
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -170,7 +170,10 @@ async def test_rolling_restart_of_every_role_under_load_loses_and_repeats_nothin
 
     assert clients.refused == [], clients.refused[:5]
     accepted = list(clients.accepted.values())
-    assert len(accepted) == clients.sent > RATE_PER_S * 20
+    # The load ran from 2 s before the first restart to 1 s after the last, at its rate
+    # throughout (how long the restarts themselves take depends on the machine: on a fast one
+    # all seven took under 20 s, which an earlier floor of 20 s of traffic did not allow).
+    assert len(accepted) == clients.sent > RATE_PER_S * (2.0 + len(steps))
     assert len(set(accepted)) == len(accepted)
     # Audited in Postgres (long-polling thousands through one API took minutes on a loaded
     # machine, and a request not yet polled when time ran out counted as not terminal), then

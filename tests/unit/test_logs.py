@@ -247,3 +247,22 @@ def test_every_log_call_is_an_event_name_and_keyword_fields() -> None:
                     if len(node.args) != 1 or not (plain or isinstance(event, ast.JoinedStr)):
                         found.append(f"{path.relative_to(PRODUCT)}:{node.lineno}")
     assert found == []
+
+
+def test_lines_go_to_stderr_as_it_is_when_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A harness swapped stderr and closed the old one (pytest's capture): a thread logging
+    afterwards wrote to the closed file ("I/O operation on closed file")."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        first, second = io.StringIO(), io.StringIO()
+        monkeypatch.setattr("sys.stderr", first)
+        setup_logging("api")
+        first.close()
+        monkeypatch.setattr("sys.stderr", second)
+        get_logger("batchserve.test").info("after_the_swap", n=1)
+        written = second.getvalue()
+        assert "after_the_swap" in written and "Logging error" not in written, written
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
