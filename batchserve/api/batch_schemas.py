@@ -8,8 +8,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from batchserve.api.schemas import MAX_METADATA_KEYS, MetaKey, MetaValue
-from batchserve.core.bulk import FileRecord, JobRecord, file_public_id, job_public_id
+from batchserve.api.schemas import MAX_METADATA_KEYS, MetaKey, MetaValue, WebhookUrl
+from batchserve.core.bulk import Endpoint, FileRecord, JobRecord, file_public_id, job_public_id
 from batchserve.core.domain import to_epoch
 from batchserve.core.errors import InvalidInput
 from batchserve.core.settings import Settings
@@ -25,10 +25,12 @@ class CreateBatch(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     input_file_id: Annotated[str, StringConstraints(min_length=1, max_length=64)]
-    endpoint: str
+    # Checked by the route, which names the choices; the document lists them.
+    endpoint: str = Field(json_schema_extra={"enum": [e.value for e in Endpoint]})
+    # Its choices depend on the settings: the document states them (openapi.py).
     completion_window: str
     metadata: Annotated[dict[MetaKey, MetaValue], Field(max_length=MAX_METADATA_KEYS)] | None = None
-    webhook_url: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = None
+    webhook_url: WebhookUrl | None = None
 
 
 def window_s(window: str, settings: Settings) -> float:
@@ -98,3 +100,15 @@ def batch_object(job: JobRecord) -> dict[str, Any]:
         "metadata": job.metadata,
         "webhook_url": job.webhook_url,
     }
+
+
+def window_spellings(seconds: float) -> list[str]:
+    """Every way to write a window of exactly ``seconds`` (``24h``, ``1d``, ``1440m``, ...)."""
+    whole = int(seconds)
+    if whole != seconds:
+        return []
+    return [
+        f"{whole // size}{unit}"
+        for unit, size in sorted(UNIT_S.items(), key=lambda item: -item[1])
+        if whole % size == 0 and len(str(whole // size)) <= 7
+    ]

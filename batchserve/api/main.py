@@ -42,7 +42,7 @@ def create_app(settings: Settings | None = None, services: ApiServices | None = 
         lifespan=lifespan,
     )
     problems.install(app)
-    openapi.install(app)
+    openapi.install(app, settings)
     app.include_router(health.router)
     app.include_router(requests.router)
     app.include_router(models.router)

@@ -9,9 +9,23 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    ValidationError,
+)
 
-from batchserve.api.schemas import SubmitRequest
+from batchserve.api.schemas import (
+    MAX_METADATA_KEYS,
+    MAX_SEED,
+    MAX_STOP_SEQUENCES,
+    MAX_TOKENS,
+    JsonInt,
+    SubmitRequest,
+)
 from batchserve.core.domain import RequestRecord, to_epoch
 from batchserve.core.errors import InvalidInput
 
@@ -22,27 +36,61 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool | None = None
 
 
+def documented(default: Any = ..., **limits: Any) -> Any:
+    """A field whose ``limits`` (JSON Schema keywords) the document states and the code that
+    translates or refuses the request checks."""
+    return Field(default, json_schema_extra=limits)
+
+
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
 class OpenAIBody(BaseModel):
     """Fields both endpoints share. Limits are checked on the translated request."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(
+        extra="ignore",
+        # stream_options only beside stream=true (refuse_unsupported refuses it otherwise).
+        json_schema_extra={
+            "anyOf": [
+                {"properties": {"stream_options": {"type": "null"}}},
+                {"required": ["stream"], "properties": {"stream": {"const": True}}},
+            ]
+        },
+    )
 
-    model: str
-    max_tokens: StrictInt | None = None
-    max_completion_tokens: StrictInt | None = None
-    temperature: StrictFloat | None = None
-    top_p: StrictFloat | None = None
-    stop: str | list[str] | None = None
-    seed: StrictInt | None = None
+    # The limits are checked on the translated request (or by refuse_unsupported, which says
+    # why), so each refusal names the field as the caller sent it; the document states them
+    # here, so a client generated from it never sends what is refused.
+    model: str = documented(minLength=1, maxLength=128)
+    max_tokens: JsonInt | None = documented(None, minimum=1, maximum=MAX_TOKENS)
+    max_completion_tokens: JsonInt | None = documented(None, minimum=1, maximum=MAX_TOKENS)
+    temperature: StrictFloat | None = documented(None, minimum=0.0, maximum=2.0)
+    top_p: StrictFloat | None = documented(None, exclusiveMinimum=0.0, maximum=1.0)
+    stop: str | list[str] | None = documented(
+        None,
+        anyOf=[
+            {"type": "string", "minLength": 1, "maxLength": 64},
+            {
+                "type": "array",
+                "items": {"type": "string", "minLength": 1, "maxLength": 64},
+                "maxItems": MAX_STOP_SEQUENCES,
+            },
+            {"type": "null"},
+        ],
+    )
+    seed: JsonInt | None = documented(None, minimum=0, maximum=MAX_SEED)
     ignore_eos: StrictBool | None = None  # vLLM's extension
-    n: StrictInt | None = None
+    n: JsonInt | None = documented(None, minimum=1, maximum=1)
     stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
-    logprobs: Any = None
-    metadata: dict[str, str] | None = None
+    logprobs: Any = documented(None, enum=[False, None])
+    metadata: dict[str, str] | None = documented(
+        None,
+        maxProperties=MAX_METADATA_KEYS,
+        propertyNames={"minLength": 1, "maxLength": 64},
+        additionalProperties={"type": "string", "maxLength": 512},
+    )
 
     @property
     def include_usage(self) -> bool:
@@ -80,24 +128,24 @@ class OpenAIBody(BaseModel):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"required": ["type", "text"]})
 
-    type: str
-    text: str | None = None
+    type: str = documented(enum=["text"])
+    text: str | None = documented(None, type="string")
 
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: str
+    role: str = documented(enum=list(ROLES))
     content: str | list[ContentPart] | None = None
 
 
 class ChatBody(OpenAIBody):
     """``POST /v1/chat/completions``."""
 
-    messages: list[Message]
-    tools: list[Any] | None = None
+    messages: list[Message] = documented(minItems=1, maxItems=256)
+    tools: list[Any] | None = documented(None, maxItems=0)
 
     def to_submit(
         self, *, timeout_s: float | None = None, can_stream: bool = False
@@ -116,10 +164,20 @@ class ChatBody(OpenAIBody):
 class CompletionBody(OpenAIBody):
     """``POST /v1/completions``."""
 
-    prompt: str | list[str]
-    echo: StrictBool | None = None
-    best_of: StrictInt | None = None
-    suffix: str | None = None
+    prompt: str | list[str] = documented(
+        anyOf=[
+            {"type": "string", "minLength": 1},
+            {
+                "type": "array",
+                "items": {"type": "string", "minLength": 1},
+                "minItems": 1,
+                "maxItems": 1,
+            },
+        ]
+    )
+    echo: StrictBool | None = documented(None, enum=[False, None])
+    best_of: JsonInt | None = documented(None, minimum=1, maximum=1)
+    suffix: str | None = documented(None, maxLength=0)
 
     def to_submit(
         self, *, timeout_s: float | None = None, can_stream: bool = False

@@ -14,7 +14,9 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from batchserve.api.batch_schemas import WINDOW, window_spellings
 from batchserve.api.openai_errors import ERROR_FORMAT
+from batchserve.core.settings import Settings
 
 PROBLEM_SCHEMA: dict[str, Any] = {
     "title": "Problem",
@@ -70,16 +72,16 @@ OPENAI_ERRORS = {**ERRORS, "400": "Invalid request", "500": "The request failed"
 del OPENAI_ERRORS["422"]
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, settings: Settings) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = _document(app)
+            app.openapi_schema = _document(app, settings)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def _document(app: FastAPI) -> dict[str, Any]:
+def _document(app: FastAPI, settings: Settings) -> dict[str, Any]:
     document = get_openapi(
         title=app.title,
         version=app.version,
@@ -87,12 +89,14 @@ def _document(app: FastAPI) -> dict[str, Any]:
         routes=app.routes,
     )
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    _window_choices(schemas, settings)
     schemas["Problem"] = PROBLEM_SCHEMA
     schemas["OpenAIError"] = OPENAI_ERROR_SCHEMA
     for path, operations in document.get("paths", {}).items():
         if not path.startswith("/v1"):
             continue
         for operation in operations.values():
+            _settings_limits(operation, settings)
             openai = operation.pop(ERROR_FORMAT, None) == "openai"
             responses = operation.setdefault("responses", {})
             responses.pop("422", None)
@@ -104,4 +108,89 @@ def _document(app: FastAPI) -> dict[str, Any]:
                     status,
                     {"description": description, "content": {media: {"schema": {"$ref": ref}}}},
                 )
+    _links(document, window=f"{settings.batch_max_window_s:.0f}s")
     return document
+
+
+# What a created resource's id leads to (OpenAPI links): generated clients and stateful
+# testers (schemathesis follows them: create -> get -> cancel) see how the routes connect.
+# (method, path, status) -> {link name: (method, path, {parameter or "$body.field": source})}
+_ID = "$response.body#/id"
+LINKS: dict[tuple[str, str, str], dict[str, tuple[str, str, dict[str, str]]]] = {
+    ("post", "/v1/requests", "202"): {
+        "GetRequest": ("get", "/v1/requests/{request_id}", {"request_id": _ID}),
+        "StreamRequest": ("get", "/v1/requests/{request_id}/stream", {"request_id": _ID}),
+        "CancelRequest": ("post", "/v1/requests/{request_id}/cancel", {"request_id": _ID}),
+        "ListDeliveries": ("get", "/v1/requests/{request_id}/deliveries", {"request_id": _ID}),
+    },
+    ("post", "/v1/files", "200"): {
+        "GetFile": ("get", "/v1/files/{file_id}", {"file_id": _ID}),
+        "GetFileContent": ("get", "/v1/files/{file_id}/content", {"file_id": _ID}),
+        "CreateBatch": (
+            "post",
+            "/v1/batches",
+            {
+                "$body.input_file_id": _ID,
+                "$body.endpoint": "/v1/chat/completions",
+                "$body.completion_window": "$window",
+            },
+        ),
+    },
+    ("post", "/v1/batches", "200"): {
+        "GetBatch": ("get", "/v1/batches/{batch_id}", {"batch_id": _ID}),
+        "CancelBatch": ("post", "/v1/batches/{batch_id}/cancel", {"batch_id": _ID}),
+    },
+}
+
+
+def _links(document: dict[str, Any], *, window: str) -> None:
+    """``$window``: a completion window the settings allow."""
+    paths = document.get("paths", {})
+    for (method, path, status), links in LINKS.items():
+        response = paths[path][method]["responses"][status]
+        response["links"] = {}
+        for name, (to_method, to_path, sources) in links.items():
+            link: dict[str, Any] = {"operationId": paths[to_path][to_method]["operationId"]}
+            parameters = {k: v for k, v in sources.items() if not k.startswith("$body.")}
+            body = {
+                k.removeprefix("$body."): window if v == "$window" else v
+                for k, v in sources.items()
+                if k.startswith("$body.")
+            }
+            if parameters:
+                link["parameters"] = parameters
+            if body:
+                link["requestBody"] = body
+            response["links"][name] = link
+
+
+# The API refuses a URL holding a NUL character (Postgres text cannot store one).
+NO_NUL = r"^[^\x00]*$"
+
+
+def _settings_limits(operation: dict[str, Any], settings: Settings) -> None:
+    """Limits the deployment's settings choose, stated where the routes enforce them; and
+    no NUL in any path or query string."""
+    for parameter in operation.get("parameters", ()):
+        schema = parameter.setdefault("schema", {})
+        if parameter.get("name") == "wait" and parameter.get("in") == "query":
+            schema["maximum"] = settings.max_wait_s
+        if parameter.get("in") in ("path", "query"):
+            for branch in schema.get("anyOf", [schema]):
+                if branch.get("type") == "string" and "format" not in branch:
+                    branch.setdefault("pattern", NO_NUL)
+
+
+def _window_choices(schemas: dict[str, Any], settings: Settings) -> None:
+    """``completion_window``: each spelling of the one window allowed (OpenAI's ``24h`` by
+    default), or the form and the range where the settings allow several."""
+    window = schemas.get("CreateBatch", {}).get("properties", {}).get("completion_window")
+    if window is None:
+        return
+    lo, hi = settings.batch_min_window_s, settings.batch_max_window_s
+    spellings = window_spellings(lo) if lo == hi else []
+    if spellings:
+        window["enum"] = spellings
+    else:
+        window["pattern"] = WINDOW.pattern
+        window["description"] = f"from {lo:g} s to {hi:g} s, e.g. '24h'"

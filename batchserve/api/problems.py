@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from batchserve.api.responses import JSON
 from batchserve.api.statuses import status_for
@@ -153,12 +154,32 @@ def _http_error(request: Request, error: StarletteHTTPException) -> Response:
     code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(
         error.status_code, "http_error"
     )
+    headers = dict(error.headers) if error.headers else {}
+    if error.status_code == 405:
+        headers["Allow"] = allowed_methods(request)
     return problem(
         error.status_code,
         code,
         str(error.detail),
         instance=request.url.path,
-        headers=dict(error.headers) if error.headers else None,
+        headers=headers or None,
+    )
+
+
+HTTP_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route takes at this path (Starlette's 405 names only those of the first
+    route whose path matched, so ``GET /v1/batches`` beside ``POST /v1/batches`` went unsaid):
+    each method a route fully matches, asked of every route."""
+    routes = request.app.router.routes
+    return ", ".join(
+        method
+        for method in HTTP_METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes
+        )
     )
 
 

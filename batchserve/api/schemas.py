@@ -7,19 +7,52 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
     StrictFloat,
-    StrictInt,
     StringConstraints,
 )
+from pydantic import Strict as StrictMode
 
 from batchserve.core.domain import AttemptRecord, DeliveryRecord, RequestRecord
+from batchserve.core.ssrf import WEBHOOK_URL_PATTERN
 
 MAX_STOP_SEQUENCES = 4
+MAX_TOKENS = 32_768
+# The largest seed every JSON client carries exactly (JavaScript's Number.MAX_SAFE_INTEGER).
+MAX_SEED = 2**53 - 1
+
+
+def _integral(value: Any) -> Any:
+    """JSON has one number type: ``10.0`` is the integer 10 (JSON Schema agrees); ``10.5``,
+    ``"10"`` and ``true`` are not integers."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# An integer, strictly: a string or a bool is refused, an integral float taken. Constraints
+# go inside the Annotated, before the validator, or the document loses them.
+JsonInt = Annotated[int, StrictMode(), BeforeValidator(_integral)]
+MaxTokens = Annotated[int, StrictMode(), Field(ge=1, le=MAX_TOKENS), BeforeValidator(_integral)]
+Seed = Annotated[int, StrictMode(), Field(ge=0, le=MAX_SEED), BeforeValidator(_integral)]
 MAX_METADATA_KEYS = 16
 
+WebhookUrl = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=2048),
+    Field(
+        json_schema_extra={
+            "pattern": WEBHOOK_URL_PATTERN,
+            "description": (
+                "http(s) URL whose host (an IP or a DNS name) is a public address: checked at "
+                "submission and again at delivery"
+            ),
+        }
+    ),
+]
 StopText = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 MetaKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 MetaValue = Annotated[str, StringConstraints(max_length=512)]
@@ -27,7 +60,7 @@ MetaValue = Annotated[str, StringConstraints(max_length=512)]
 
 class Strict(BaseModel):
     """An input body: unknown fields refused; its numbers and booleans are typed strictly
-    (``StrictInt`` and the like: ``"10"`` is not a number, ``true`` is not an integer)."""
+    (``JsonInt``, ``StrictFloat``: ``"10"`` is not a number, ``true`` is not an integer)."""
 
     model_config = ConfigDict(extra="forbid", strict=False)
 
@@ -38,11 +71,11 @@ class ChatMessage(Strict):
 
 
 class GenerationParams(Strict):
-    max_tokens: StrictInt = Field(default=256, ge=1, le=32_768)
+    max_tokens: MaxTokens = 256
     temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0)
     top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
     stop: Annotated[list[StopText], Field(max_length=MAX_STOP_SEQUENCES)] | StopText | None = None
-    seed: StrictInt | None = Field(default=None, ge=0, le=2**63 - 1)
+    seed: Seed | None = None
     # Generate all of max_tokens even past an end-of-sequence token (vLLM's parameter; load
     # tests use it for answers of a known length).
     ignore_eos: StrictBool = False
@@ -55,7 +88,22 @@ class GenerationParams(Strict):
 
 class SubmitRequest(Strict):
     """``POST /v1/requests``: exactly one of ``input`` and ``messages`` (checked at admission,
-    so the problem names the field)."""
+    so the problem names the field; the document says so with a ``oneOf``)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["input"], "properties": {"input": {"type": "string"}}},
+                {"required": ["messages"], "properties": {"messages": {"type": "array"}}},
+            ],
+            # At most one of timeout_s and deadline.
+            "anyOf": [
+                {"properties": {"timeout_s": {"type": "null"}}},
+                {"properties": {"deadline": {"type": "null"}}},
+            ],
+        },
+    )
 
     model: Annotated[str, StringConstraints(min_length=1, max_length=128)]
     input: Annotated[str, StringConstraints(min_length=1)] | None = None
@@ -63,7 +111,7 @@ class SubmitRequest(Strict):
     params: GenerationParams = Field(default_factory=GenerationParams)
     timeout_s: StrictFloat | None = Field(default=None, gt=0)
     deadline: datetime | None = None
-    webhook_url: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = None
+    webhook_url: WebhookUrl | None = None
     lane: Literal["interactive", "bulk"] = "interactive"
     metadata: Annotated[dict[MetaKey, MetaValue], Field(max_length=MAX_METADATA_KEYS)] | None = None
 
@@ -252,7 +300,7 @@ class WebhookSecretOut(BaseModel):
 
 
 class EnableEndpoint(Strict):
-    url: Annotated[str, StringConstraints(min_length=1, max_length=2048)]
+    url: WebhookUrl
 
 
 class EndpointOut(BaseModel):

@@ -31,6 +31,8 @@ STATE, DELTA_EVENT, RESET = "state", "delta", "reset"
 WAIT_S = 5.0  # one wait on the log, between reads of the request (its end may be missed)
 PING_S = 15  # a comment line this often keeps proxies from closing a quiet stream
 _EVENT_ID = re.compile(r"^(\d{1,20})-(\d{1,20})/(e?)(\d{1,6})$")
+# What the Last-Event-ID header may hold (blank: from the start), for the API's document.
+EVENT_ID_PATTERN = r"^\s*(\d{1,20}-\d{1,20}/e?\d{1,6})?\s*$"
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -33,6 +34,13 @@ BROADCAST = ipaddress.ip_address("255.255.255.255")
 # NAT64 prefixes (RFC 6052, RFC 8215): the last 32 bits are the IPv4 address reached.
 NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
 DEFAULT_PORTS = {"http": 80, "https": 443}
+# The form of a webhook URL, as the API's document states it and parse_webhook_url enforces
+# it: http(s), printable ASCII only (RFC 3986: other characters are percent-encoded), no
+# userinfo. The host's own checks (a DNS name or an IP literal, a public address) follow.
+WEBHOOK_URL_PATTERN = r'^[Hh][Tt][Tt][Pp][Ss]?://[!"$-.0->A-~]+([/?#][!-~]*)?$'
+_WEBHOOK_URL = re.compile(WEBHOOK_URL_PATTERN)
+MAX_HOST_CHARS = 253
+MAX_LABEL_CHARS = 63
 
 
 class ResolutionFailed(BatchserveError):
@@ -72,10 +80,31 @@ def parse_webhook_url(url: str, field: str = "webhook_url") -> WebhookTarget:
         raise UnsafeWebhookUrl(f"{field} must be an absolute http(s) URL", field)
     if "@" in parts.netloc:
         raise UnsafeWebhookUrl(f"{field} must not carry a user name or password", field)
-    if any(ch.isspace() or not ch.isprintable() for ch in url):
-        raise UnsafeWebhookUrl(f"{field} must not contain spaces or control characters", field)
+    if not _WEBHOOK_URL.match(url):
+        raise UnsafeWebhookUrl(
+            f"{field} must be printable ASCII with no spaces (percent-encode other characters)",
+            field,
+        )
     host = parts.hostname.lower().rstrip(".")
+    _check_host(host, field)
     return WebhookTarget(url=url, scheme=scheme, host=host, port=port or DEFAULT_PORTS[scheme])
+
+
+def _check_host(host: str, field: str) -> None:
+    """An IP literal, or a name of DNS labels of 1 to 63 characters, 253 in all (a longer one
+    cannot be looked up: the resolver's IDNA encoding raised, a 500)."""
+    try:
+        ipaddress.ip_address(host)
+        return
+    except ValueError:
+        pass
+    labels = host.split(".")
+    if len(host) > MAX_HOST_CHARS or not all(0 < len(lb) <= MAX_LABEL_CHARS for lb in labels):
+        raise UnsafeWebhookUrl(
+            f"{field} host is not a DNS name: labels of 1 to {MAX_LABEL_CHARS} characters, "
+            f"{MAX_HOST_CHARS} in all",
+            field,
+        )
 
 
 def forbidden_reason(address: IPAddress) -> str | None:
@@ -216,6 +245,10 @@ class UrlGuard:
             permanent = error.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", -5))
             raise ResolutionFailed(
                 f"{target.host} does not resolve: {error.strerror}", permanent=permanent
+            ) from error
+        except UnicodeError as error:  # a name the IDNA codec cannot encode: never resolves
+            raise ResolutionFailed(
+                f"{target.host} is not a name that can resolve: {error}", permanent=True
             ) from error
         except OSError as error:
             raise ResolutionFailed(f"resolving {target.host} failed: {error}") from error

@@ -14,7 +14,6 @@ from fastapi import FastAPI
 
 from batchserve.core.settings import Settings
 from batchserve.core.store import JobStore, advisory_key
-from tests.support import keys
 
 
 def store_of(app: FastAPI) -> JobStore:
@@ -125,31 +124,6 @@ async def test_idempotent_replay_conflict_and_in_progress(
     later = await client.post("/v1/requests", json=body(), headers={"Idempotency-Key": "order-43"})
     assert later.status_code == 202
     assert await count_rows(app) == 2
-
-
-async def test_concurrent_same_key_admits_once(client: httpx.AsyncClient, app: FastAPI) -> None:
-    headers = {"Idempotency-Key": "burst"}
-    responses = await asyncio.gather(
-        *(client.post("/v1/requests", json=body(), headers=headers) for _ in range(20))
-    )
-    codes = sorted(r.status_code for r in responses)
-    assert set(codes) <= {202, 409}
-    ids = {r.json()["id"] for r in responses if r.status_code == 202}
-    assert len(ids) == 1
-    assert await count_rows(app) == 1
-
-
-async def test_idempotency_keys_are_scoped_to_the_caller(client: httpx.AsyncClient) -> None:
-    headers = {"Idempotency-Key": "same"}
-    alice = await client.post(
-        "/v1/requests", json=body(), headers={**headers, **keys.auth("alice")}
-    )
-    bob = await client.post("/v1/requests", json=body(), headers={**headers, **keys.auth("bob")})
-    assert alice.status_code == bob.status_code == 202
-    assert alice.json()["id"] != bob.json()["id"]
-    assert (
-        await client.get(f"/v1/requests/{alice.json()['id']}", headers=keys.auth("bob"))
-    ).status_code == 404
 
 
 async def test_cancel_and_list_with_cursor(client: httpx.AsyncClient) -> None:

@@ -19,10 +19,15 @@ ENABLE = "/v1/webhooks/endpoints/enable"
         "http://169.254.169.254/latest/meta-data",
         "http://2130706433/hook",  # 127.0.0.1 as a decimal integer
         "http://0x7f.0.0.1/hook",
+        "http://0177.0.0.1/hook",  # octal
+        "http://0x7f000001/hook",  # one hex integer
         "http://[::ffff:127.0.0.1]/hook",
         "http://example.com/a\x00b",
         "ftp://example.com/hook",
         "http://user:pass@example.com/hook",
+        # A label past 63 characters: the resolver's IDNA encoding raised, a 500 (schemathesis).
+        "https://" + "0" * 300 + "/hook",
+        "http://ex\u00e4mple.com/hook",  # not ASCII: percent-encode (RFC 3986)
     ],
 )
 async def test_enable_refuses_what_a_webhook_url_may_not_be(

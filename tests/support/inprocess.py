@@ -29,3 +29,19 @@ async def asgi_client(app: FastAPI, *, authed: bool = True) -> AsyncIterator[htt
         headers=keys.auth() if authed else None,
     ) as client:
         yield client
+
+
+def tenant_settings(settings: Settings) -> Settings:
+    """``settings`` for tenant tests: keys read afresh on every request, a webhook-secret key,
+    and a small backlog bound a test can reach."""
+    from cryptography.fernet import Fernet
+    from pydantic import SecretStr
+
+    return settings.model_copy(
+        update={
+            "key_cache_s": 0.0,
+            "secret_key": SecretStr(Fernet.generate_key().decode()),
+            "min_backlog": 10,
+            "max_queue_s": 1.0,
+        }
+    )

@@ -27,7 +27,8 @@ async def upload_file(
     services: Services,
     tenant: Tenant,
     file: UploadFile,
-    purpose: Annotated[str, Form()],
+    # Checked here, which says why; the document lists the one choice.
+    purpose: Annotated[str, Form(json_schema_extra={"enum": [FilePurpose.BATCH.value]})],
 ) -> JSON:
     """Upload a batch input file (JSONL, ``purpose=batch``); it is checked when a batch uses it."""
     if purpose != FilePurpose.BATCH.value:
@@ -54,7 +55,16 @@ async def get_file(file_id: str, services: Services, tenant: Tenant) -> JSON:
     return JSON(file_object(record))
 
 
-@router.get("/{file_id}/content")
+@router.get(
+    "/{file_id}/content",
+    responses={
+        200: {
+            "description": "The file's bytes",
+            "content": {"application/octet-stream": {"schema": {"type": "string"}}},
+        }
+    },
+    response_class=Response,
+)
 async def get_file_content(file_id: str, services: Services, tenant: Tenant) -> Response:
     """A file's bytes, as uploaded or generated."""
     content = await services.adapters.store.file_content(_file_uuid(file_id), tenant)

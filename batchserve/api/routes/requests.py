@@ -15,7 +15,7 @@ from batchserve.api.intake import admit
 from batchserve.api.polling import read_or_wait, read_request
 from batchserve.api.responses import JSON
 from batchserve.api.schemas import RequestList, RequestOut, SubmitRequest, dump
-from batchserve.api.streams import PING_S, follow, parse_event_id
+from batchserve.api.streams import EVENT_ID_PATTERN, PING_S, follow, parse_event_id
 from batchserve.api.submission import build_command, exact_prompt_tokens
 from batchserve.core.domain import RequestRecord, RequestState
 from batchserve.core.errors import InvalidInput
@@ -97,7 +97,9 @@ async def stream_request(
     request_id: uuid.UUID,
     services: Services,
     tenant: Tenant,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    last_event_id: Annotated[
+        str, Header(alias="Last-Event-ID", json_schema_extra={"pattern": EVENT_ID_PATTERN})
+    ] = "",
 ) -> EventSourceResponse:
     """The request's state changes and token deltas as Server-Sent Events, until it ends.
 
