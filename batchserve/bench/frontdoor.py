@@ -37,6 +37,8 @@ from batchserve.bench.stack import (
     _cpu_s,
     cpu_per,
     percentile,
+    server_cpu_per,
+    server_cpu_s,
 )
 from batchserve.testing.deployment import free_port
 
@@ -160,7 +162,7 @@ async def _round(
 
     url = baseline.url if path == "baseline" else deployment.url
     cpu = baseline.cpu_s if path == "baseline" else deployment.cpu_s
-    before = cpu()
+    before, servers_before = cpu(), server_cpu_s()
     load = await open_loop(
         url,
         poisson_schedule(rate, duration_s, plan.seed),
@@ -169,7 +171,7 @@ async def _round(
         headers=None if path == "baseline" else deployment.headers,
         on_accepted=long_poll if path == "longpoll" else None,
     )
-    after = cpu()
+    after, servers_after = cpu(), server_cpu_s()
     latencies: list[float] = []
     finished: list[float] = []
     wrong = 0
@@ -204,6 +206,8 @@ async def _round(
         "p99_ms": round(percentile(latencies, 0.99) * 1000.0, 1),
         "served_rps": round(len(latencies) / span, 1) if span > 0 else 0.0,
         "cpu_ms_per_request": cpu_per(before, after, len(latencies)),
+        # Postgres, RabbitMQ and Redis beside the roles (the baseline uses none of them).
+        "server_cpu_ms_per_request": server_cpu_per(servers_before, servers_after, len(latencies)),
     }
 
 

@@ -166,7 +166,7 @@ def render_frontdoor(doc: dict[str, Any], console: Console) -> None:
         f"{doc['batch_ms']:g} ms batches (ideal {doc['ideal_rps']:.0f}/s), "
         f"{doc['duration_s']:g} s a path and rate",
         ["offered/s", "path", "answered", "wrong", "refused", "p50 ms", "p99 ms", "served/s",
-         "CPU ms/request", "p50 over baseline", "p99 over baseline"],
+         "CPU ms/request", "pg/mq/redis ms/request", "p50 over baseline", "p99 over baseline"],
     )  # fmt: skip
     over = {(g["path"], g["offered_rps"]): g for g in doc["goals"]["latency"]}
     for r in doc["results"]:
@@ -181,6 +181,7 @@ def render_frontdoor(doc: dict[str, Any], console: Console) -> None:
             _ms(r["p99_ms"]),
             f"{r['served_rps']:.1f}",
             f"{sum(r['cpu_ms_per_request'].values()):.2f}",
+            "/".join(f"{v:.2f}" for v in r.get("server_cpu_ms_per_request", {}).values()),
             "" if goal is None else f"{goal['p50_over_baseline_ms']:+.1f}",
             "" if goal is None else f"{goal['p99_over_baseline_ms']:+.1f}",
         )

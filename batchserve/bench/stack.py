@@ -318,6 +318,38 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+# The servers' processes, by the name the kernel gives them (``/proc/<pid>/comm``).
+SERVER_PROCESSES = {"postgres": "postgres", "beam.smp": "rabbitmq", "redis-server": "redis"}
+
+
+def server_cpu_s() -> dict[int, tuple[str, float]]:
+    """CPU seconds so far of each local Postgres, RabbitMQ and Redis process, by pid. The
+    servers are this machine's whole: what else uses them counts too (a benchmark runs alone),
+    and a process that exits between two readings drops out (the roles' pools keep theirs)."""
+    found: dict[int, tuple[str, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            server = SERVER_PROCESSES.get((entry / "comm").read_text().strip())
+        except OSError:
+            continue
+        if server is not None:
+            found[int(entry.name)] = (server, _cpu_s(int(entry.name)))
+    return found
+
+
+def server_cpu_per(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], count: int
+) -> dict[str, float]:
+    """The servers' CPU milliseconds per unit of work between two :func:`server_cpu_s`
+    readings (a process started between them counts from zero)."""
+    spent = dict.fromkeys(SERVER_PROCESSES.values(), 0.0)
+    for pid, (server, seconds) in after.items():
+        spent[server] += seconds - before.get(pid, (server, 0.0))[1]
+    return {server: round(s * 1000.0 / count, 3) for server, s in spent.items()} if count else {}
+
+
 def cpu_per(before: dict[str, float], after: dict[str, float], count: int) -> dict[str, float]:
     """CPU milliseconds per unit of work, by role, between two :meth:`cpu_s` readings."""
     return {

@@ -196,6 +196,10 @@ def test_frontdoor_answers_every_caller_on_each_path_beside_the_baseline(
         # The seeds' model holds each batch 100 ms: no answer comes sooner.
         assert 100 <= row["p50_ms"] <= row["p99_ms"], row
         assert row["cpu_ms_per_request"] and all(v > 0 for v in row["cpu_ms_per_request"].values())
+        servers = row["server_cpu_ms_per_request"]
+        assert set(servers) == {"postgres", "rabbitmq", "redis"} and min(servers.values()) >= 0
+        if row["path"] != "baseline":  # every durable request is written to Postgres
+            assert servers["postgres"] > 0, row
     assert set(doc["results"][0]["cpu_ms_per_request"]) == {"baseline"}
     assert {"api", "batcher", "worker"} <= set(doc["results"][1]["cpu_ms_per_request"])
     latency = doc["goals"]["latency"]

@@ -90,3 +90,14 @@ def test_the_pool_comparison_is_the_recorded_one() -> None:
         shown = f"{path} {fixed[0]} and {fixed[1]} against {churning[0]} and {churning[1]}"
         assert shown in PROSE
     assert re.search(r"\[frontdoor-pool-ab\.json\]", DOC)
+
+
+def test_server_cpu_counts_each_process_between_two_readings() -> None:
+    from batchserve.bench.stack import server_cpu_per
+
+    before = {10: ("postgres", 1.0), 11: ("postgres", 2.0), 12: ("redis", 5.0)}
+    # 11 exited (drops out), 13 started (counts from zero), RabbitMQ did nothing.
+    after = {10: ("postgres", 1.5), 12: ("redis", 5.1), 13: ("postgres", 0.25)}
+    spent = server_cpu_per(before, after, 100)
+    assert spent == {"postgres": 7.5, "rabbitmq": 0.0, "redis": 1.0}
+    assert server_cpu_per(before, after, 0) == {}
