@@ -101,3 +101,18 @@ def test_server_cpu_counts_each_process_between_two_readings() -> None:
     spent = server_cpu_per(before, after, 100)
     assert spent == {"postgres": 7.5, "rabbitmq": 0.0, "redis": 1.0}
     assert server_cpu_per(before, after, 0) == {}
+
+
+def test_the_server_cpu_figures_are_the_recorded_ones() -> None:
+    rows = {r["path"]: r for r in _run("frontdoor-servers.json")["results"]}
+    labels = {"longpoll": "per long-polled request", "sync": "per synchronous request"}
+    for path, label in labels.items():
+        row = rows[path]
+        roles = round(sum(row["cpu_ms_per_request"].values()), 2)
+        servers = row["server_cpu_ms_per_request"]
+        assert f"{label}: the roles {roles:.2f} ms" in PROSE
+        figures = [f"{servers[s]:.2f}" for s in ("postgres", "rabbitmq", "redis")]
+        assert f"Postgres {figures[0]}, RabbitMQ {figures[1]}, Redis {figures[2]}" in PROSE
+        assert row["answered"] == row["sent"] and row["wrong"] == 0
+    assert f"(the API {rows['longpoll']['cpu_ms_per_request']['api']:.2f})" in PROSE
+    assert f"baseline: {rows['baseline']['cpu_ms_per_request']['baseline']:.2f} ms" in PROSE
