@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from batchserve.api import openapi, problems
 from batchserve.api.json_guard import JsonBodyGuard
 from batchserve.api.limits import OPENAI_PATHS, BodySizeLimit
-from batchserve.api.observe import RejectionCounter
+from batchserve.api.observe import RejectionCounter, RequestIdHeader
 from batchserve.api.routes import batches, files, health, models, openai, ops, requests, webhooks
 from batchserve.api.services import ApiServices
 from batchserve.core.settings import Settings, load_settings
@@ -55,7 +55,8 @@ def create_app(settings: Settings | None = None, services: ApiServices | None = 
     # Innermost first: the JSON check reads a body the size limit has already bounded.
     app.add_middleware(JsonBodyGuard, openai_paths=OPENAI_PATHS)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, overrides=uploads)
-    app.add_middleware(RejectionCounter)  # outermost: it sees the size guard's refusals too
+    app.add_middleware(RejectionCounter)  # it sees the size guard's refusals too
+    app.add_middleware(RequestIdHeader)  # outermost: on every answer, refusals included
     return app
 
 

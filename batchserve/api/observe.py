@@ -11,6 +11,8 @@ from __future__ import annotations
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from batchserve.core.ids import uuid7
+from batchserve.core.logs import bind
 from batchserve.core.metrics import metrics
 
 # Where a client submits work; a refusal there is a rejection.
@@ -63,3 +65,28 @@ def _reason(status: int, body: bytes) -> str:
         if isinstance(code, str) and code:
             return code[:64]
     return str(status)
+
+
+class RequestIdHeader:
+    """Every answer carries ``x-request-id``: a fresh id per HTTP request (OpenAI's clients
+    show it in their errors), bound to the log lines written while serving it, so a support
+    question that quotes it finds them."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = f"req_{uuid7().hex}"
+
+        async def stamped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        with bind(http_request=request_id):
+            await self.app(scope, receive, stamped)

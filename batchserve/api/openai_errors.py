@@ -66,6 +66,10 @@ def error_response(error: BatchserveError) -> JSON:
         code = "invalid_api_key"
     if isinstance(error, RequestFailed):
         code = error.error_code or error.state
+        # The request ended (failed, expired, cancelled): a retry gets the same end (replayed
+        # with its Idempotency-Key) or runs it again; OpenAI's SDKs retry a 409 or a 5xx
+        # unless told not to.
+        headers["x-should-retry"] = "false"
     if status >= 500 and not isinstance(error, RequestFailed | WaitTimedOut | Unavailable):
         log.error("unhandled_domain_error", error=error)
     return openai_error(status, error.message, code=code, param=param, headers=headers or None)
