@@ -73,7 +73,7 @@ def serve(
             min=1,
             max=65535,
             help="The dashboard and /metrics, on BATCHSERVE_METRICS_HOST (loopback); "
-            "default: the port after --port",
+            "default: the port after --port, or a free one when that is taken",
         ),
     ] = None,
 ) -> None:
@@ -82,7 +82,7 @@ def serve(
     from batchserve.cli.keys import announce_first_key
     from batchserve.cli.served import write_served
 
-    ops = ops_port if ops_port is not None else port + 1
+    ops = ops_port if ops_port is not None else _default_ops_port(settings.metrics_host, port)
     # What the user's next commands (keys, submit, status) should open by default.
     write_served(
         settings,
@@ -116,6 +116,25 @@ def serve(
         ops_port=ops,
     )
     raise typer.Exit(Supervisor(children).run(ready_url=f"http://{host}:{port}"))
+
+
+def _default_ops_port(host: str, port: int) -> int:
+    """The port after ``port`` when nothing listens there; else one the system picks (the
+    server started, then died binding its operator listener to a port another process held).
+    Where it went is printed, and written for ``batchserve status``."""
+    import socket
+
+    for candidate in (port + 1, 0):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((host, candidate))
+            except OSError:
+                continue
+            chosen = int(probe.getsockname()[1])
+        if candidate == 0:
+            typer.echo(f"batchserve: port {port + 1} is taken; operator endpoints on {chosen}")
+        return chosen
+    raise typer.BadParameter(f"no free port for the operator endpoints on {host}")
 
 
 @app.command()
