@@ -6,11 +6,10 @@ import contextlib
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from batchserve.api.openai_errors import openai_error
+from batchserve.api.openai_errors import OPENAI_PATHS, openai_error
 from batchserve.api.problems import problem
 
 # Routes that answer errors in OpenAI's shape (api.openai_errors.OpenAIRoute).
-OPENAI_PATHS = ("/v1/batches", "/v1/files", "/v1/chat/", "/v1/completions")
 
 
 class BodyTooLarge(Exception):

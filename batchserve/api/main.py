@@ -9,8 +9,9 @@ from fastapi import FastAPI
 
 from batchserve.api import openapi, problems
 from batchserve.api.json_guard import JsonBodyGuard
-from batchserve.api.limits import OPENAI_PATHS, BodySizeLimit
+from batchserve.api.limits import BodySizeLimit
 from batchserve.api.observe import RejectionCounter, RequestIdHeader
+from batchserve.api.openai_errors import OPENAI_PATHS
 from batchserve.api.routes import batches, files, health, models, openai, ops, requests, webhooks
 from batchserve.api.services import ApiServices
 from batchserve.core.settings import Settings, load_settings

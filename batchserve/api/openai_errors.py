@@ -36,6 +36,23 @@ from batchserve.core.logs import get_logger
 log = get_logger("batchserve.api")
 
 ERROR_FORMAT = "x-batchserve-error-format"
+# The routes that answer in OpenAI's shape (their bodies' size and JSON refusals too).
+OPENAI_PATHS = ("/v1/batches", "/v1/files", "/v1/chat/", "/v1/completions")
+# Where OpenAI's clients call: a path batchserve does not serve there (``/v1/embeddings``), or a
+# method it does not take, is answered in OpenAI's shape too, so the SDK shows the message.
+OPENAI_CLIENT_PATHS = (
+    *OPENAI_PATHS,
+    "/v1/embeddings",
+    "/v1/responses",
+    "/v1/moderations",
+    "/v1/images",
+    "/v1/audio",
+    "/v1/assistants",
+    "/v1/threads",
+    "/v1/vector_stores",
+    "/v1/fine_tuning",
+    "/v1/uploads",
+)
 
 
 def openai_error(

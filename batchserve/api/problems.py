@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from batchserve.api.openai_errors import OPENAI_CLIENT_PATHS, openai_error
 from batchserve.api.responses import JSON
 from batchserve.api.statuses import status_for
 from batchserve.core.errors import (
@@ -157,6 +158,12 @@ def _http_error(request: Request, error: StarletteHTTPException) -> Response:
     headers = dict(error.headers) if error.headers else {}
     if error.status_code == 405:
         headers["Allow"] = allowed_methods(request)
+    path = request.url.path
+    if path.startswith(OPENAI_CLIENT_PATHS):  # an OpenAI client reads OpenAI's shape
+        message = str(error.detail)
+        if error.status_code in (404, 405):
+            message = f"Invalid URL ({request.method} {path})"
+        return openai_error(error.status_code, message, code=code, headers=headers or None)
     return problem(
         error.status_code,
         code,

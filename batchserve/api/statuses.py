@@ -50,9 +50,12 @@ TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "invalid_request_error",
+    405: "invalid_request_error",
     409: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
 }
-TYPES |= {413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error"}
 CLIENT_FAULTS = (ErrorCode.CONTEXT_LENGTH_EXCEEDED.value,)
 
 

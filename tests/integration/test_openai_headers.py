@@ -35,3 +35,26 @@ def test_a_request_that_ended_says_not_to_retry() -> None:
     # Overload is worth retrying (after Retry-After): no such header.
     busy = error_response(Overloaded("busy", retry_after_s=2.0))
     assert "x-should-retry" not in busy.headers and busy.headers["retry-after"] == "2"
+
+
+async def test_paths_an_openai_client_calls_answer_404_and_405_in_openai_shape(
+    client: httpx.AsyncClient,
+) -> None:
+    for method, path, status in [
+        ("POST", "/v1/embeddings", 404),  # not served: the SDK shows the message
+        ("POST", "/v1/responses", 404),
+        ("GET", "/v1/chat/completions", 405),
+        ("PUT", "/v1/files/file-x", 405),
+    ]:
+        answer = await client.request(method, path, json={})
+        assert answer.status_code == status, (path, answer.text)
+        assert answer.headers["content-type"] == "application/json"
+        error = answer.json()["error"]
+        assert error["message"] == f"Invalid URL ({method} {path})", error
+        assert error["type"] == "invalid_request_error"
+        if status == 405:
+            assert answer.headers["allow"], path
+    # batchserve's own routes keep problem+json.
+    native = await client.put("/v1/requests")
+    assert native.status_code == 405
+    assert native.headers["content-type"].startswith("application/problem+json")
