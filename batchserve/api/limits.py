@@ -9,8 +9,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from batchserve.api.openai_errors import OPENAI_PATHS, openai_error
 from batchserve.api.problems import problem
 
-# Routes that answer errors in OpenAI's shape (api.openai_errors.OpenAIRoute).
-
 
 class BodyTooLarge(Exception):
     pass

@@ -18,14 +18,7 @@ from pydantic import (
     ValidationError,
 )
 
-from batchserve.api.schemas import (
-    MAX_METADATA_KEYS,
-    MAX_SEED,
-    MAX_STOP_SEQUENCES,
-    MAX_TOKENS,
-    JsonInt,
-    SubmitRequest,
-)
+from batchserve.api.schemas import MAX_MESSAGES, GenerationParams, JsonInt, SubmitRequest
 from batchserve.core.domain import RequestRecord, to_epoch
 from batchserve.core.errors import InvalidInput
 
@@ -40,6 +33,16 @@ def documented(default: Any = ..., **limits: Any) -> Any:
     """A field whose ``limits`` (JSON Schema keywords) the document states and the code that
     translates or refuses the request checks."""
     return Field(default, json_schema_extra=limits)
+
+
+_NOT_LIMITS = ("title", "default", "type")
+
+
+def checked_as(model: type[BaseModel], field: str, default: Any = ...) -> Any:
+    """A field the translated request checks as ``model.field``: the document states that
+    field's limits, taken from its JSON Schema (less its title, default and type)."""
+    native = model.model_json_schema()["properties"][field]
+    return documented(default, **{k: v for k, v in native.items() if k not in _NOT_LIMITS})
 
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -62,35 +65,19 @@ class OpenAIBody(BaseModel):
     # The limits are checked on the translated request (or by refuse_unsupported, which says
     # why), so each refusal names the field as the caller sent it; the document states them
     # here, so a client generated from it never sends what is refused.
-    model: str = documented(minLength=1, maxLength=128)
-    max_tokens: JsonInt | None = documented(None, minimum=1, maximum=MAX_TOKENS)
-    max_completion_tokens: JsonInt | None = documented(None, minimum=1, maximum=MAX_TOKENS)
-    temperature: StrictFloat | None = documented(None, minimum=0.0, maximum=2.0)
-    top_p: StrictFloat | None = documented(None, exclusiveMinimum=0.0, maximum=1.0)
-    stop: str | list[str] | None = documented(
-        None,
-        anyOf=[
-            {"type": "string", "minLength": 1, "maxLength": 64},
-            {
-                "type": "array",
-                "items": {"type": "string", "minLength": 1, "maxLength": 64},
-                "maxItems": MAX_STOP_SEQUENCES,
-            },
-            {"type": "null"},
-        ],
-    )
-    seed: JsonInt | None = documented(None, minimum=0, maximum=MAX_SEED)
+    model: str = checked_as(SubmitRequest, "model")
+    max_tokens: JsonInt | None = checked_as(GenerationParams, "max_tokens", None)
+    max_completion_tokens: JsonInt | None = checked_as(GenerationParams, "max_tokens", None)
+    temperature: StrictFloat | None = checked_as(GenerationParams, "temperature", None)
+    top_p: StrictFloat | None = checked_as(GenerationParams, "top_p", None)
+    stop: str | list[str] | None = checked_as(GenerationParams, "stop", None)
+    seed: JsonInt | None = checked_as(GenerationParams, "seed", None)
     ignore_eos: StrictBool | None = None  # vLLM's extension
     n: JsonInt | None = documented(None, minimum=1, maximum=1)
     stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
     logprobs: Any = documented(None, enum=[False, None])
-    metadata: dict[str, str] | None = documented(
-        None,
-        maxProperties=MAX_METADATA_KEYS,
-        propertyNames={"minLength": 1, "maxLength": 64},
-        additionalProperties={"type": "string", "maxLength": 512},
-    )
+    metadata: dict[str, str] | None = checked_as(SubmitRequest, "metadata", None)
 
     @property
     def include_usage(self) -> bool:
@@ -144,7 +131,7 @@ class Message(BaseModel):
 class ChatBody(OpenAIBody):
     """``POST /v1/chat/completions``."""
 
-    messages: list[Message] = documented(minItems=1, maxItems=256)
+    messages: list[Message] = documented(minItems=1, maxItems=MAX_MESSAGES)
     tools: list[Any] | None = documented(None, maxItems=0)
 
     def to_submit(

@@ -20,6 +20,7 @@ from batchserve.core.domain import AttemptRecord, DeliveryRecord, RequestRecord
 from batchserve.core.ssrf import WEBHOOK_URL_PATTERN
 
 MAX_STOP_SEQUENCES = 4
+MAX_MESSAGES = 256
 MAX_TOKENS = 32_768
 # The largest seed every JSON client carries exactly (JavaScript's Number.MAX_SAFE_INTEGER).
 MAX_SEED = 2**53 - 1
@@ -107,7 +108,9 @@ class SubmitRequest(Strict):
 
     model: Annotated[str, StringConstraints(min_length=1, max_length=128)]
     input: Annotated[str, StringConstraints(min_length=1)] | None = None
-    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=256)] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] | None = (
+        None
+    )
     params: GenerationParams = Field(default_factory=GenerationParams)
     timeout_s: StrictFloat | None = Field(default=None, gt=0)
     deadline: datetime | None = None
