@@ -54,7 +54,7 @@ from batchserve.core.domain import (
 from batchserve.core.errors import Unavailable
 from batchserve.core.events import EventBus, Subscription
 from batchserve.core.ids import uuid7
-from batchserve.core.loadboard import LoadBoard
+from batchserve.core.loadboard import LoadBoard, LoadSnapshot
 from batchserve.core.logs import get_logger
 from batchserve.core.metrics import metrics
 from batchserve.core.republish import republish
@@ -182,6 +182,8 @@ class ModelBatcher(BatcherJobs):
         self._claiming: set[uuid.UUID] = set()  # claimed, not yet on the timeline
         self._learned_until: float | None = None
         self._learned_ids: dict[uuid.UUID, float] = {}
+        self._published_shape: LoadSnapshot | None = None
+        self._published_at = float("-inf")
         self.weights: dict[str, float] = {}  # tenant -> fair-share weight, from the store
         self._hold_until = float("-inf")
         self._next_due = 0.0

@@ -31,7 +31,7 @@ from batchserve.batching.timeline import SlotTimeline
 from batchserve.core.broker import RequestQueue
 from batchserve.core.domain import Lane
 from batchserve.core.errors import Unavailable
-from batchserve.core.loadboard import LoadBoard, LoadSnapshot
+from batchserve.core.loadboard import LOAD_KEEPALIVE_S, LoadBoard, LoadSnapshot, load_shape
 from batchserve.core.logs import get_logger
 from batchserve.core.slots import SlotDirectory
 from batchserve.core.store import JobStore
@@ -78,6 +78,8 @@ class BatcherJobs:
     _claiming: set[uuid.UUID]
     _learned_until: float | None
     _learned_ids: dict[uuid.UUID, float]  # learned rows of the last LEARN_OVERLAP_S, by id
+    _published_shape: LoadSnapshot | None  # the load last published, and when
+    _published_at: float
 
     def _typical_batch_s(self) -> float:
         raise NotImplementedError
@@ -202,27 +204,32 @@ class BatcherJobs:
             slots = self.slots.capacity
             slot_free_at = tuple([now] * idle + busy[: self.slots.capacity])
             free = Credit(0, 0)
-        await self._loadboard.publish(
-            LoadSnapshot(
-                model=self.spec.name,
-                at=now,
-                slots=slots,
-                slot_free_at=slot_free_at,
-                pending_interactive=by_lane[Lane.INTERACTIVE],
-                pending_bulk=by_lane[Lane.BULK],
-                queued_interactive=self._queued[Lane.INTERACTIVE],
-                queued_bulk=self._queued[Lane.BULK],
-                batch_s=self._typical_batch_s(),
-                max_batch_size=self.policy.max_batch_size,
-                max_batch_delay_s=min(self.policy.max_batch_delay_s, self._typical_batch_s()),
-                arrival_rate=self.rate.rate(now),
-                kind="engine" if self.engine else "batch",
-                free_seqs=free.seqs,
-                free_tokens=free.tokens,
-                capacity_tokens=self.ledger.capacity.tokens if self.engine else 0,
-                estimate=self.estimate(),
-            )
+        snapshot = LoadSnapshot(
+            model=self.spec.name,
+            at=now,
+            slots=slots,
+            slot_free_at=slot_free_at,
+            pending_interactive=by_lane[Lane.INTERACTIVE],
+            pending_bulk=by_lane[Lane.BULK],
+            queued_interactive=self._queued[Lane.INTERACTIVE],
+            queued_bulk=self._queued[Lane.BULK],
+            batch_s=self._typical_batch_s(),
+            max_batch_size=self.policy.max_batch_size,
+            max_batch_delay_s=min(self.policy.max_batch_delay_s, self._typical_batch_s()),
+            arrival_rate=self.rate.rate(now),
+            kind="engine" if self.engine else "batch",
+            free_seqs=free.seqs,
+            free_tokens=free.tokens,
+            capacity_tokens=self.ledger.capacity.tokens if self.engine else 0,
+            estimate=self.estimate(),
         )
+        # Unchanged load is sent again only every LOAD_KEEPALIVE_S, so that readers never
+        # find it stale: an idle batcher no longer writes Redis ten times a second.
+        shape = load_shape(snapshot)
+        if shape == self._published_shape and now - self._published_at < LOAD_KEEPALIVE_S:
+            return
+        await self._loadboard.publish(snapshot)
+        self._published_shape, self._published_at = shape, now
 
     def estimate(self) -> dict[str, object]:
         """What the batcher currently believes a batch (engine models: a sequence) takes,

@@ -1,7 +1,8 @@
 """The batcher's published view of its load, which the API reads to refuse hopeless deadlines.
 
-Every ~100 ms the active batcher of each model publishes a :class:`LoadSnapshot` (Redis key
-with a short TTL, or in memory for the embedded mode). Admission reads it to estimate when a
+The active batcher of each model publishes a :class:`LoadSnapshot` when its load changes
+(checked every ~100 ms) and at least every ``LOAD_KEEPALIVE_S`` (Redis key with a short TTL,
+or in memory for the embedded mode). Admission reads it to estimate when a
 new request would finish; a missing or stale snapshot means "don't know" and admits.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -57,6 +58,20 @@ class LoadSnapshot:
 
 # A snapshot older than this says nothing reliable about the batcher now.
 STALE_AFTER_S = 2.0
+# The batcher publishes its load when it changes (checked every ~100 ms), and the same load
+# again this often, well inside STALE_AFTER_S.
+LOAD_KEEPALIVE_S = 0.5
+
+
+def load_shape(snapshot: LoadSnapshot) -> LoadSnapshot:
+    """What a reader would act on differently: the snapshot without its time, idle slots
+    (free "now") by their count alone, and the arrival rate to 0.1/s (it decays by the tick)."""
+    return replace(
+        snapshot,
+        at=0.0,
+        slot_free_at=tuple(t for t in snapshot.slot_free_at if t > snapshot.at),
+        arrival_rate=round(snapshot.arrival_rate, 1),
+    )
 
 
 class LoadBoard(ABC):

@@ -115,6 +115,37 @@ async def test_a_long_healthy_generation_is_never_taken_for_poison(
     assert result["attempts"] == 1 and result["error"] is None
 
 
+async def test_the_learned_sequence_time_is_live(
+    shared: Stack, shared_http: httpx.AsyncClient
+) -> None:
+    # Second on the shared deployment: one request has finished, fewer than the learner
+    # needs (8), so the batcher still goes by the speed the engine measured at its start.
+    http = shared_http
+    for _ in range(50):  # the batcher reads the worker's announcement every 0.25 s
+        model = (await http.get(f"/v1/models/{SMOL}")).json()
+        if model["estimate"] and model["estimate"]["source"] != "none":
+            break
+        await asyncio.sleep(0.1)
+    assert model["kind"] == "engine"
+    assert model["estimate"]["source"] == "engine-profile"  # measured by the engine at start
+    assert model["capacity"]["seqs"] == 32
+    ids = [await submit(http, chat(q, 8)) for q in QUESTIONS + QUESTIONS[:2]]
+    await wait_terminal(http, ids, timeout_s=300)
+    for _ in range(100):  # the batcher learns every 2 s
+        model = (await http.get(f"/v1/models/{SMOL}")).json()
+        if model["estimate"]["source"] == "learned":
+            break
+        await asyncio.sleep(0.2)
+    estimate = model["estimate"]
+    assert estimate["source"] == "learned" and estimate["observations"] >= 8, estimate
+    assert estimate["per_token_s"] > 0
+    # `batchserve status --json` shows the same belief.
+    result = CliRunner().invoke(app, ["status", "--ops-url", shared.ops_url, "--json"])
+    assert result.exit_code == 0, result.output
+    [row] = [m for m in json.loads(result.output)["models"] if m["model"] == SMOL]
+    assert row["kind"] == "engine" and row["estimate"]["source"] == "learned"
+
+
 async def test_64_chat_requests_and_two_models_at_once(
     shared: Stack, shared_http: httpx.AsyncClient
 ) -> None:
@@ -248,33 +279,6 @@ async def test_cancelling_a_running_generation_frees_its_room_at_once(
         b=results[blocker]["batch_id"],
     )
     assert rows and rows[0][0] < 400  # the engine stopped generating for it
-
-
-async def test_the_learned_sequence_time_is_live(stack: Stack, http: httpx.AsyncClient) -> None:
-    stack.start_all({SMOL: 1})
-    for _ in range(50):  # the batcher reads the worker's announcement every 0.25 s
-        model = (await http.get(f"/v1/models/{SMOL}")).json()
-        if model["estimate"] and model["estimate"]["source"] != "none":
-            break
-        await asyncio.sleep(0.1)
-    assert model["kind"] == "engine"
-    assert model["estimate"]["source"] == "engine-profile"  # measured by the engine at start
-    assert model["capacity"]["seqs"] == 32
-    ids = [await submit(http, chat(q, 8)) for q in QUESTIONS + QUESTIONS[:2]]
-    await wait_terminal(http, ids, timeout_s=300)
-    for _ in range(100):  # the batcher learns every 2 s
-        model = (await http.get(f"/v1/models/{SMOL}")).json()
-        if model["estimate"]["source"] == "learned":
-            break
-        await asyncio.sleep(0.2)
-    estimate = model["estimate"]
-    assert estimate["source"] == "learned" and estimate["observations"] >= 8, estimate
-    assert estimate["per_token_s"] > 0
-    # `batchserve status --json` shows the same belief.
-    result = CliRunner().invoke(app, ["status", "--ops-url", stack.ops_url, "--json"])
-    assert result.exit_code == 0, result.output
-    [row] = [m for m in json.loads(result.output)["models"] if m["model"] == SMOL]
-    assert row["kind"] == "engine" and row["estimate"]["source"] == "learned"
 
 
 async def test_a_prompt_longer_than_the_context_is_refused_at_admission(

@@ -26,6 +26,9 @@ from tests.support.live import db_rows, wait_terminal
 
 VLLM = "smollm2-vllm"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+_SPEC = load_registry(TEST_MODELS).get(VLLM)
+assert _SPEC is not None
+LIMIT = _SPEC.max_new_tokens  # the registry's limit on max_tokens (256)
 QUESTIONS = [
     "What is the capital of France?",
     "Name three colours.",
@@ -137,7 +140,7 @@ async def test_each_request_keeps_its_own_parameters(
 async def test_cancelling_a_running_sequence_stops_vllm_generating_it(
     vllm_stack: Stack, http: httpx.AsyncClient
 ) -> None:
-    request_id = await submit(http, chat("Write a very long story.", 500, ignore_eos=True))
+    request_id = await submit(http, chat("Write a very long story.", LIMIT, ignore_eos=True))
     for _ in range(600):
         if (await http.get(f"/v1/requests/{request_id}")).json()["status"] == "running":
             break
@@ -155,7 +158,7 @@ async def test_cancelling_a_running_sequence_stops_vllm_generating_it(
         if rows and rows[0][0] is not None:
             break
         await asyncio.sleep(0.2)
-    assert rows[0][0] < 500  # the engine stopped generating for it
+    assert rows[0][0] < LIMIT  # the engine stopped generating for it
 
 
 async def test_many_requests_at_once_never_overfill_the_engine(
@@ -192,10 +195,10 @@ def test_the_vllm_worker_log_shows_its_engine(vllm_stack: Stack) -> None:
 async def test_max_tokens_up_to_the_registry_limit_succeeds(
     vllm_stack: Stack, http: httpx.AsyncClient
 ) -> None:
-    request_id = await submit(http, chat("Write a very long story.", 512, ignore_eos=True))
+    request_id = await submit(http, chat("Write a very long story.", LIMIT, ignore_eos=True))
     result = (await wait_terminal(http, [request_id], timeout_s=600))[request_id]
     assert result["status"] == "succeeded", result
-    assert result["usage"]["completion_tokens"] == 512 and result["attempts"] == 1
+    assert result["usage"]["completion_tokens"] == LIMIT and result["attempts"] == 1
 
 
 async def test_vllm_answers_stream_token_by_token(

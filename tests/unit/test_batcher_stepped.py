@@ -34,7 +34,7 @@ from batchserve.core.domain import (
 )
 from batchserve.core.errors import DeadlineUnmeetable, Unavailable
 from batchserve.core.events import MemoryEventBus
-from batchserve.core.loadboard import MemoryLoadBoard
+from batchserve.core.loadboard import LOAD_KEEPALIVE_S, LoadSnapshot, MemoryLoadBoard
 from batchserve.core.slots import MemorySlotDirectory
 from batchserve.core.store import ItemOutcome, JobStore
 from batchserve.models.registry import ModelSpec
@@ -374,3 +374,43 @@ def _closed(model: str, batch_id: str) -> BatchClosed:
 
 def _shape(size: int) -> BatchShape:
     return BatchShape(size, 3 * size, 16)
+
+
+class CountingBoard(MemoryLoadBoard):
+    def __init__(self) -> None:
+        super().__init__()
+        self.published: list[float] = []
+
+    async def publish(self, snapshot: LoadSnapshot) -> None:
+        self.published.append(snapshot.at)
+        await super().publish(snapshot)
+
+
+async def test_load_is_published_when_it_changes_and_kept_fresh_while_it_does_not(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path, ECHO)
+    rig.board = board = CountingBoard()
+    rig.batcher._loadboard = board
+    rig.slots.register(ECHO.name, "w1", 1, float("inf"))
+    await rig.start()
+    start = rig.clock()
+
+    async def tick(seconds: float) -> None:
+        """The background jobs for ``seconds``, every publish_load_s, as the loop runs them."""
+        for _ in range(round(seconds / BatcherConfig().publish_load_s)):
+            rig.clock.advance(BatcherConfig().publish_load_s)
+            await rig.batcher.run_due(rig.clock())
+
+    await tick(2.0)  # idle: the same load, kept fresh for readers
+    gaps = [b - a for a, b in zip([start, *board.published], board.published, strict=False)]
+    assert 3 <= len(board.published) <= 5 and max(gaps) <= LOAD_KEEPALIVE_S + 0.11, gaps
+    fresh = await board.fresh(ECHO.name, rig.clock())
+    assert fresh is not None and fresh.pending_interactive == 0
+
+    before = len(board.published)
+    await rig.arrive(2)  # a change: published at the next tick, not a keep-alive later
+    await tick(0.1)
+    assert len(board.published) == before + 1
+    snapshot = await board.read(ECHO.name)
+    assert snapshot is not None and snapshot.pending_interactive == 2
