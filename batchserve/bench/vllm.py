@@ -8,6 +8,7 @@ and writes generated tokens and seconds to the job's ``result`` file (vLLM print
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -18,12 +19,22 @@ def main() -> None:
 
     from batchserve.models.hf import ensure_converted
     from batchserve.models.registry import ModelSpec
-    from batchserve.models.vllm_engine import context_length_of, engine_arguments
+    from batchserve.models.vllm_engine import (
+        context_length_of,
+        engine_arguments,
+        engine_environment,
+    )
 
     with open(sys.argv[1]) as handle:
         job = json.load(handle)
     spec = ModelSpec(**job["spec"])
     path = ensure_converted(spec)
+    environment = engine_environment(spec)
+    os.environ.update(environment)
+    if "OMP_NUM_THREADS" in environment:  # the engine runs in this process, torch imported
+        import torch
+
+        torch.set_num_threads(int(environment["OMP_NUM_THREADS"]))
     llm = LLM(**engine_arguments(spec, path, context_length_of(spec, path)))
     params = SamplingParams(max_tokens=job["max_tokens"], temperature=0.0, ignore_eos=True)
     llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in job["warmup"]], params)

