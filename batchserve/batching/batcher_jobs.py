@@ -144,6 +144,11 @@ class BatcherJobs:
         """Make the slot timeline (or the engine ledger) match Postgres: free what a missed
         event would have freed (Redis down, batch reaped) and count what another batcher
         dispatched (after a standby takes over)."""
+        if self._holds_nothing():
+            # No worker and no batch of ours: nothing to free, nowhere another batcher could
+            # have sent work. Most models of a large registry are like this most of the time;
+            # once a worker announces itself (slot refresh, every 0.25 s) this runs again.
+            return
         if self.engine:
             await self._reconcile_engine()
             return
@@ -160,6 +165,11 @@ class BatcherJobs:
         self._forget_closed(started)
         if freed:
             self._wake.set()
+
+    def _holds_nothing(self) -> bool:
+        if self.engine:
+            return self.ledger.capacity.seqs == 0 and not self.ledger.batches()
+        return self.slots.capacity == 0 and not self.slots.batches()
 
     async def _reconcile_engine(self) -> None:
         started = self._clock()

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -414,3 +415,33 @@ async def test_load_is_published_when_it_changes_and_kept_fresh_while_it_does_no
     assert len(board.published) == before + 1
     snapshot = await board.read(ECHO.name)
     assert snapshot is not None and snapshot.pending_interactive == 2
+
+
+@pytest.mark.parametrize("spec", [ECHO, ENGINE], ids=["batch", "engine"])
+async def test_a_model_with_no_worker_and_no_batch_costs_no_reconciling_query(
+    tmp_path: Path, spec: ModelSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig = Rig(tmp_path, spec)
+    await rig.start()
+    queries: list[str] = []
+    for verb in ("open_batches", "running_members"):
+        real = getattr(rig.store, verb)
+
+        async def counted(*args: object, _real: Any = real, _verb: str = verb) -> Any:
+            queries.append(_verb)
+            return await _real(*args)
+
+        monkeypatch.setattr(rig.store, verb, counted)
+    for _ in range(30):  # 3 s of background jobs, no worker anywhere
+        rig.clock.advance(0.1)
+        await rig.batcher.run_due(rig.clock())
+    assert queries == []
+
+    if spec.backend == "fixed":  # a worker arrives: reconciled again within its period
+        rig.slots.register(spec.name, "w1", 1, float("inf"))
+    else:
+        rig.engines(4)
+    for _ in range(12):
+        rig.clock.advance(0.1)
+        await rig.batcher.run_due(rig.clock())
+    assert queries, "a model with a worker is reconciled"
