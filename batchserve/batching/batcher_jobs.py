@@ -280,6 +280,8 @@ class BatcherJobs:
         looks back ``LEARN_OVERLAP_S`` before the newest finish already learned and skips the
         rows it has seen by id: a late commit is learned, and nothing twice."""
         assert isinstance(self.estimator, LearnedBatchTime)
+        if self._holds_nothing():
+            return  # nothing ran here since: what finished before is read once a worker is back
         after = None if self._learned_until is None else self._learned_until - LEARN_OVERLAP_S
         rows: Sequence[FinishedSequence | FinishedBatch]
         if self.engine:

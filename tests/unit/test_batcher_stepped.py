@@ -418,18 +418,22 @@ async def test_load_is_published_when_it_changes_and_kept_fresh_while_it_does_no
 
 
 @pytest.mark.parametrize("spec", [ECHO, ENGINE], ids=["batch", "engine"])
-async def test_a_model_with_no_worker_and_no_batch_costs_no_reconciling_query(
+async def test_a_model_with_no_worker_and_no_batch_costs_no_reconciling_or_learning_query(
     tmp_path: Path, spec: ModelSpec, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rig = Rig(tmp_path, spec)
+    learned = LearnedBatchTime(FixedBatchTime(0.1), min_observations=2)
+    rig = Rig(tmp_path, spec, **({"estimator": learned} if spec.backend == "fixed" else {}))
+    assert isinstance(rig.batcher.estimator, LearnedBatchTime)  # its learning job is scheduled
     await rig.start()
     queries: list[str] = []
-    for verb in ("open_batches", "running_members"):
+    for verb in ("open_batches", "running_members", "finished_batches", "finished_sequences"):
         real = getattr(rig.store, verb)
 
-        async def counted(*args: object, _real: Any = real, _verb: str = verb) -> Any:
+        async def counted(
+            *args: object, _real: Any = real, _verb: str = verb, **kwargs: object
+        ) -> Any:
             queries.append(_verb)
-            return await _real(*args)
+            return await _real(*args, **kwargs)
 
         monkeypatch.setattr(rig.store, verb, counted)
     for _ in range(30):  # 3 s of background jobs, no worker anywhere
@@ -441,7 +445,8 @@ async def test_a_model_with_no_worker_and_no_batch_costs_no_reconciling_query(
         rig.slots.register(spec.name, "w1", 1, float("inf"))
     else:
         rig.engines(4)
-    for _ in range(12):
+    for _ in range(25):
         rig.clock.advance(0.1)
         await rig.batcher.run_due(rig.clock())
-    assert queries, "a model with a worker is reconciled"
+    assert "open_batches" in queries or "running_members" in queries  # reconciled again
+    assert "finished_batches" in queries or "finished_sequences" in queries  # and learning
