@@ -107,6 +107,14 @@ async def test_metrics_of_every_role_are_present_and_move_under_load(
         return value(now, "batchserve_queue_depth", model=ECHO, lane="interactive") >= 29
 
     await until(backlog_seen)
+
+    async def doomed_expired() -> bool:
+        # Before any worker starts: one up within its second would serve it (a race the
+        # CI run of 5cae940 lost, the batch sizes then counting it).
+        found = await http.get(f"/v1/requests/{doomed.json()['id']}")
+        return bool(found.json()["status"] == "expired")
+
+    await until(doomed_expired)
     during = await scrape(api_metrics)
     assert value(during, "batchserve_queue_oldest_age_seconds", model=ECHO, lane="interactive") > 0
     assert value(during, "batchserve_worker_slots_live", model=ECHO) == 0
