@@ -296,12 +296,7 @@ def engine_arguments(spec: ModelSpec, path: Any, context_length: int) -> dict[st
         "enforce_eager": bool(spec.options.get("enforce_eager", False)),
         "enable_prefix_caching": bool(spec.options.get("enable_prefix_caching", True)),
     }
-    executor = str(spec.options.get("executor", "uni"))
-    if executor not in EXECUTORS:
-        raise ValueError(
-            f"model {spec.name}: executor must be one of {', '.join(EXECUTORS)}, not {executor!r}"
-        )
-    arguments["distributed_executor_backend"] = executor
+    arguments["distributed_executor_backend"] = executor_of(spec)
     if device == "cpu":
         arguments["kv_cache_memory_bytes"] = int(float(spec.options.get("kv_cache_gb", 2)) * 2**30)
     else:
@@ -309,11 +304,22 @@ def engine_arguments(spec: ModelSpec, path: Any, context_length: int) -> dict[st
     return arguments
 
 
+def executor_of(spec: ModelSpec) -> str:
+    """The registry's ``executor`` (``uni`` unless it says otherwise), refused by name when
+    vLLM has no such executor for one device."""
+    executor = str(spec.options.get("executor", "uni"))
+    if executor not in EXECUTORS:
+        raise ValueError(
+            f"model {spec.name}: executor must be one of {', '.join(EXECUTORS)}, not {executor!r}"
+        )
+    return executor
+
+
 def engine_environment(spec: ModelSpec) -> dict[str, str]:
     """What vLLM reads from the environment, to set before its engine is built: on a CPU with
     the ``uni`` executor, vLLM's switch that would replace it by ``mp``, and the threads of the
     engine-core process it spawns (it reads ``OMP_NUM_THREADS`` when it imports torch)."""
-    if _device() != "cpu" or spec.options.get("executor", "uni") != "uni":
+    if _device() != "cpu" or executor_of(spec) != "uni":
         return {}
     return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": str(cpu_threads(spec))}
 
