@@ -10,6 +10,7 @@ the two equal on the served models.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -69,3 +70,16 @@ class FileTokenizer:
             )
             return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
         return list(self._tokenizer.encode(input_text or "", add_special_tokens=True).ids)
+
+
+def file_tokenizer(directory: Path) -> FileTokenizer:
+    """The tokenizer of a converted model directory, read once per process while its files
+    stay the same: the registry's entries for one model in several configurations share it,
+    and so do the apps a process starts one after another."""
+    tokenizer_file = directory / "tokenizer.json"
+    return _cached(directory.resolve(), tokenizer_file.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _cached(directory: Path, _version: int) -> FileTokenizer:
+    return FileTokenizer(directory)

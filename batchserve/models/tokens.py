@@ -16,7 +16,7 @@ from typing import Any
 from batchserve.core.logs import get_logger
 from batchserve.models.plugins import plugin_for
 from batchserve.models.registry import ModelSpec, Registry
-from batchserve.models.tokenizer_files import FileTokenizer
+from batchserve.models.tokenizer_files import FileTokenizer, file_tokenizer
 
 log = get_logger("batchserve.tokens")
 
@@ -70,7 +70,7 @@ class PromptCounter:
                     continue
                 waiting.remove(spec)
                 try:
-                    tokenizer = FileTokenizer(path)
+                    tokenizer = file_tokenizer(path)
                 except Exception:  # admission falls back to estimates; the worker says more
                     if not self._stopping.is_set():
                         log.exception("tokenizer_unavailable", model=spec.name)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from batchserve.models.hf import encode_prompt, ensure_converted, load_tokenizer
 from batchserve.models.registry import load_registry
-from batchserve.models.tokenizer_files import FileTokenizer
+from batchserve.models.tokenizer_files import FileTokenizer, file_tokenizer
 
 PROMPTS = [
     "Hello",
@@ -55,3 +58,25 @@ def test_the_file_tokenizer_loads_neither_torch_nor_transformers() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
     )
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_a_model_directory_is_read_once_per_process_until_its_files_change(
+    tmp_path: Path,
+) -> None:
+    spec = load_registry(None).get("smollm2-135m")
+    assert spec is not None
+    copy = tmp_path / "model"
+    copy.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(ensure_converted(spec) / name, copy / name)
+
+    first = file_tokenizer(copy)
+    assert file_tokenizer(copy) is first  # the registry's entries for one model share it
+    assert file_tokenizer(tmp_path / "." / "model") is first
+
+    tokenizer_file = copy / "tokenizer.json"
+    later = tokenizer_file.stat().st_mtime_ns + 1_000_000_000
+    os.utime(tokenizer_file, ns=(later, later))  # a model converted again in place
+    again = file_tokenizer(copy)
+    assert again is not first
+    assert again.encode_prompt("Hello", None) == first.encode_prompt("Hello", None)

@@ -12,6 +12,9 @@ from batchserve.api.main import create_app
 from batchserve.core.settings import Settings
 from tests.support import keys
 
+# The host of an in-process app's client (no port: its requests never leave the process).
+ASGI_HOST = "test"
+
 
 @contextlib.asynccontextmanager
 async def running_app(settings: Settings) -> AsyncIterator[FastAPI]:
@@ -25,7 +28,7 @@ async def asgi_client(app: FastAPI, *, authed: bool = True) -> AsyncIterator[htt
     """A client of ``app``, with the test key unless ``authed`` is false."""
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app),
-        base_url="http://test",
+        base_url=f"http://{ASGI_HOST}",
         headers=keys.auth() if authed else None,
     ) as client:
         yield client
