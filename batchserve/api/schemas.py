@@ -72,7 +72,12 @@ class ChatMessage(Strict):
 
 
 class GenerationParams(Strict):
-    max_tokens: MaxTokens = 256
+    # None: the model's max_new_tokens, bounded by the context left after the prompt.
+    max_tokens: MaxTokens | None = Field(
+        default=None,
+        description="Tokens to generate at most. Default: the model's max_new_tokens, bounded "
+        "by the context left after the prompt.",
+    )
     temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0)
     top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
     stop: Annotated[list[StopText], Field(max_length=MAX_STOP_SEQUENCES)] | StopText | None = None

@@ -64,17 +64,27 @@ def _nul(field: str) -> None:
     raise InvalidInput(f"{field} contains a NUL character", field=field)
 
 
-def check_context(spec: ModelSpec, body: SubmitRequest, prompt_tokens: int) -> None:
+def check_context(
+    spec: ModelSpec, body: SubmitRequest, prompt_tokens: int, max_tokens: int
+) -> None:
     """Refuse a prompt that, with the tokens asked for, cannot fit the model's context."""
-    need = prompt_tokens + body.params.max_tokens
+    need = prompt_tokens + max_tokens
     if need > spec.context_length:
         field = "input" if body.input is not None else "messages"
+        asked = "max_tokens is" if body.params.max_tokens is not None else "at least"
         raise ContextLengthExceeded(
-            f"the prompt has {prompt_tokens} tokens and max_tokens is {body.params.max_tokens}: "
+            f"the prompt has {prompt_tokens} tokens and {asked} {max_tokens} must follow: "
             f"together more than the {spec.context_length}-token context of {spec.name}",
             field=field,
             limit={"context_length": spec.context_length, "prompt_tokens": prompt_tokens},
         )
+
+
+def default_max_tokens(spec: ModelSpec, prompt_tokens: int) -> int:
+    """``max_tokens`` where the caller gives none (as OpenAI and vLLM do): the model's
+    ``max_new_tokens``, bounded by the context left after the prompt (one token at least: a
+    prompt that fills the context is refused by its exact count)."""
+    return max(1, min(spec.max_new_tokens, spec.context_length - prompt_tokens))
 
 
 def resolve_deadline(body: SubmitRequest, settings: Settings, now: datetime) -> datetime:
@@ -144,7 +154,7 @@ def build_command(
     spec = resolve_model(registry, body.model)
     _refuse_nul(body)
     params = body.params
-    if params.max_tokens > spec.max_new_tokens:
+    if params.max_tokens is not None and params.max_tokens > spec.max_new_tokens:
         raise InvalidInput(
             f"params.max_tokens must be at most {spec.max_new_tokens} for {spec.name}",
             field="params.max_tokens",
@@ -158,10 +168,16 @@ def build_command(
             field=field,
             limit={"max_chars": settings.max_input_chars},
         )
+    exact = prompt_tokens is not None
     if prompt_tokens is None:
         prompt_tokens = estimate_prompt_tokens(body)
-    else:
-        check_context(spec, body, prompt_tokens)
+    max_tokens = (
+        params.max_tokens
+        if params.max_tokens is not None
+        else default_max_tokens(spec, prompt_tokens)
+    )
+    if exact:
+        check_context(spec, body, prompt_tokens, max_tokens)
     return SubmitCommand(
         id=request_id or uuid7(),
         tenant=tenant,
@@ -170,7 +186,7 @@ def build_command(
         input=body.input,
         messages=[m.model_dump() for m in body.messages] if body.messages is not None else None,
         params={
-            "max_tokens": params.max_tokens,
+            "max_tokens": max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,
             "stop": params.stop_list(),
@@ -180,7 +196,7 @@ def build_command(
         created_at=now,
         deadline=deadline or resolve_deadline(body, settings, now),
         prompt_tokens=prompt_tokens,
-        max_tokens=params.max_tokens,
+        max_tokens=max_tokens,
         idempotency_key=check_idempotency_key(idempotency_key),
         # Only a replay under the same key compares bodies.
         fingerprint=fingerprint(body) if idempotency_key is not None else None,
