@@ -126,6 +126,7 @@ LINKS: dict[tuple[str, str, str], dict[str, tuple[str, str, dict[str, str]]]] = 
     ("post", "/v1/files", "200"): {
         "GetFile": ("get", "/v1/files/{file_id}", {"file_id": _ID}),
         "GetFileContent": ("get", "/v1/files/{file_id}/content", {"file_id": _ID}),
+        "DeleteFile": ("delete", "/v1/files/{file_id}", {"file_id": _ID}),
         "CreateBatch": (
             "post",
             "/v1/batches",

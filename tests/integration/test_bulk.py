@@ -437,6 +437,66 @@ async def test_list_batches_pages_newest_first_in_the_openai_list_shape(
     ).status_code == 404
 
 
+async def test_list_files_pages_in_either_order_in_the_openai_list_shape(
+    client: httpx.AsyncClient,
+) -> None:
+    ids = [await upload(client, jsonl([chat_line(f"{n}", "x")])) for n in range(3)]
+    page = (await client.get("/v1/files", params={"limit": 2})).json()
+    assert page["object"] == "list" and page["has_more"] is True
+    assert [f["id"] for f in page["data"]] == ids[::-1][:2]
+    assert page["first_id"] == ids[2] and page["last_id"] == ids[1]
+    assert all(f["object"] == "file" and f["purpose"] == "batch" for f in page["data"])
+    rest = (await client.get("/v1/files", params={"limit": 2, "after": page["last_id"]})).json()
+    assert [f["id"] for f in rest["data"]] == [ids[0]] and rest["has_more"] is False
+    oldest = (await client.get("/v1/files", params={"order": "asc"})).json()
+    assert [f["id"] for f in oldest["data"]] == ids and oldest["has_more"] is False
+    later = (await client.get("/v1/files", params={"order": "asc", "after": ids[0]})).json()
+    assert [f["id"] for f in later["data"]] == ids[1:]
+    outputs = (await client.get("/v1/files", params={"purpose": "batch_output"})).json()
+    assert outputs["data"] == [] and outputs["first_id"] is None
+    assert (await client.get("/v1/files", headers=keys.auth("someone-else"))).json()["data"] == []
+    for params, param in (
+        ({"after": "batch_x"}, "after"),
+        ({"purpose": "fine-tune"}, "purpose"),
+        ({"order": "newest"}, "order"),
+        ({"limit": 10_001}, "limit"),
+    ):
+        refused = await client.get("/v1/files", params=params)
+        assert refused.status_code == 400, (params, refused.text)
+        assert refused.json()["error"]["param"] == param
+
+
+async def test_deleting_a_file_removes_it_unless_a_batch_still_reads_it(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    created = await create_batch(client, jsonl([chat_line(f"r{i}", "x") for i in range(4)]))
+    input_id = created["input_file_id"]
+    in_use = await client.delete(f"/v1/files/{input_id}")
+    assert in_use.status_code == 409, in_use.text
+    assert created["id"] in in_use.json()["error"]["message"]
+    assert (await client.get(f"/v1/files/{input_id}")).status_code == 200  # nothing changed
+    assert (
+        await client.delete(f"/v1/files/{input_id}", headers=keys.auth("someone-else"))
+    ).status_code == 404
+
+    # Once the batch has ended, its input and its error file go like any other.
+    driver = driver_of(app)
+    await driver.ingest_once(time.time())
+    await client.post(f"/v1/batches/{created['id']}/cancel")
+    await driver.settle(time.time())
+    ended = await get_batch(client, created["id"])
+    assert ended["status"] == "cancelled"
+    for file_id in (input_id, ended["error_file_id"]):
+        deleted = await client.delete(f"/v1/files/{file_id}")
+        assert deleted.status_code == 200, deleted.text
+        assert deleted.json() == {"id": file_id, "object": "file", "deleted": True}
+        assert (await client.get(f"/v1/files/{file_id}")).status_code == 404
+        assert (await client.get(f"/v1/files/{file_id}/content")).status_code == 404
+        assert (await client.delete(f"/v1/files/{file_id}")).status_code == 404
+    assert (await client.get("/v1/files")).json()["data"] == []
+    assert (await get_batch(client, created["id"]))["status"] == "cancelled"
+
+
 @pytest.mark.parametrize(
     ("body", "status", "param", "code"),
     [

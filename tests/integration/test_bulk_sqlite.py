@@ -96,3 +96,27 @@ async def test_a_job_ingests_runs_and_completes_on_sqlite(tmp_path: Path) -> Non
         assert parsed[7]["response"]["body"]["choices"][0]["text"] == "p7"
     finally:
         await engine.dispose()
+
+
+async def test_files_list_and_delete_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path}/files.sqlite3"
+    upgrade(url)
+    store = JobStore(create_engine(url))
+    now = time.time()
+    made = [
+        await store.create_file(
+            tenant="t", purpose=FilePurpose.BATCH, filename=f"{n}.jsonl", content=b"{}\n", now=now
+        )
+        for n in range(3)
+    ]
+    ids = [f.id for f in made]
+    assert [f.id for f in await store.list_files("t", limit=10)] == ids[::-1]
+    assert [f.id for f in await store.list_files("t", limit=10, newest_first=False)] == ids
+    assert [f.id for f in await store.list_files("t", limit=10, after=ids[2])] == ids[1::-1]
+    assert await store.list_files("t", limit=10, purpose=FilePurpose.BATCH_OUTPUT) == []
+    assert await store.list_files("u", limit=10) == []
+    assert not await store.delete_file(ids[0], "u")  # another tenant's: nothing deleted
+    assert await store.delete_file(ids[0], "t")
+    assert await store.file_content(ids[0], "t") is None
+    assert not await store.delete_file(ids[0], "t")
+    assert [f.id for f in await store.list_files("t", limit=10)] == ids[:0:-1]

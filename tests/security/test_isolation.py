@@ -96,6 +96,7 @@ async def test_one_tenant_never_sees_another_tenants_resources(
         ("GET", f"/v1/requests/{request_id}/deliveries"),
         ("GET", f"/v1/files/{file_id}"),
         ("GET", f"/v1/files/{file_id}/content"),
+        ("DELETE", f"/v1/files/{file_id}"),
         ("GET", f"/v1/batches/{batch_id}"),
         ("POST", f"/v1/batches/{batch_id}/cancel"),
         ("GET", "/v1/webhooks/secret"),
@@ -104,6 +105,7 @@ async def test_one_tenant_never_sees_another_tenants_resources(
         assert response.status_code == 404, (method, path, response.text)
     assert (await client.get("/v1/requests", headers=bob)).json()["data"] == []
     assert (await client.get("/v1/batches", headers=bob)).json()["data"] == []
+    assert (await client.get("/v1/files", headers=bob)).json()["data"] == []
     # Bob's use of the same Idempotency-Key is his own request, not a replay of Alice's.
     own = await client.post("/v1/requests", json={"model": ECHO, "input": "b"}, headers=bob | idem)
     assert own.status_code == 202 and "idempotent-replayed" not in own.headers
@@ -111,3 +113,7 @@ async def test_one_tenant_never_sees_another_tenants_resources(
     # And Alice still sees hers, untouched.
     mine = await client.get(f"/v1/requests/{request_id}", headers=alice)
     assert mine.status_code == 200 and mine.json()["status"] == "queued"
+    assert (await client.get(f"/v1/files/{file_id}", headers=alice)).status_code == 200
+    assert [f["id"] for f in (await client.get("/v1/files", headers=alice)).json()["data"]] == [
+        file_id
+    ]

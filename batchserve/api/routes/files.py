@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Form, UploadFile
+from fastapi import APIRouter, Depends, Form, Query, UploadFile
 from fastapi.responses import Response
 
 from batchserve.api.batch_schemas import file_object
@@ -44,6 +44,52 @@ async def upload_file(
         now=services.clock(),
     )
     return JSON(file_object(record))
+
+
+@router.get("")
+async def list_files(
+    services: Services,
+    tenant: Tenant,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 10_000,
+    order: Literal["asc", "desc"] = "desc",
+    after: Annotated[
+        str | None,
+        Query(
+            description="The last id of the previous page", pattern=f"^{FILE_PREFIX}[0-9a-f]{{32}}$"
+        ),
+    ] = None,
+    purpose: Annotated[str | None, Query(json_schema_extra={"enum": list(FilePurpose)})] = None,
+) -> JSON:
+    """The caller's files, newest first (``order=asc``: oldest first), a page at a time, as
+    OpenAI's list of files: ``after`` is the ``last_id`` of the previous page."""
+    cursor = _file_uuid(after) if after is not None else None
+    kind = None
+    if purpose is not None:
+        if purpose not in list(FilePurpose):
+            raise InvalidInput(f"purpose must be one of {', '.join(FilePurpose)}", field="purpose")
+        kind = FilePurpose(purpose)
+    records = await services.adapters.store.list_files(
+        tenant, limit=limit + 1, after=cursor, newest_first=order == "desc", purpose=kind
+    )
+    page = [file_object(r) for r in records[:limit]]
+    return JSON(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(records) > limit,
+        }
+    )
+
+
+@router.delete("/{file_id}")
+async def delete_file(file_id: str, services: Services, tenant: Tenant) -> JSON:
+    """Delete a file and its bytes. A batch that has not ended still reads its input file:
+    deleting that one answers ``409`` naming the batch."""
+    if not await services.adapters.store.delete_file(_file_uuid(file_id), tenant):
+        raise NotFound(f"no file {file_id}")
+    return JSON({"id": file_id, "object": "file", "deleted": True})
 
 
 @router.get("/{file_id}")

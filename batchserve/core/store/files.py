@@ -6,16 +6,17 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from batchserve.core.bulk import FilePurpose, FileRecord
+from batchserve.core.bulk import ENDED_JOB_STATUSES, FilePurpose, FileRecord, job_public_id
 from batchserve.core.db import transaction
 from batchserve.core.domain import from_epoch
+from batchserve.core.errors import InvalidTransition
 from batchserve.core.ids import uuid7
 from batchserve.core.records import aware
 from batchserve.core.store.base import StoreBase
-from batchserve.core.tables import files_table
+from batchserve.core.tables import files_table, jobs_table
 
 files_t = files_table
 
@@ -39,6 +40,52 @@ class FileVerbs(StoreBase):
         async with transaction(self.engine) as conn:
             row = (await conn.execute(query)).mappings().first()
         return file_record(row) if row else None
+
+    async def list_files(
+        self,
+        tenant: str,
+        *,
+        limit: int,
+        after: uuid.UUID | None = None,
+        newest_first: bool = True,
+        purpose: FilePurpose | None = None,
+    ) -> list[FileRecord]:
+        """The tenant's files in id (creation) order, newest first unless not ``newest_first``;
+        ``after``: the last id of the previous page."""
+        query = select(*FILE_COLUMNS).where(files_t.c.tenant == tenant)
+        if purpose is not None:
+            query = query.where(files_t.c.purpose == purpose.value)
+        if after is not None:
+            query = query.where(files_t.c.id < after if newest_first else files_t.c.id > after)
+        order = files_t.c.id.desc() if newest_first else files_t.c.id.asc()
+        async with transaction(self.engine) as conn:
+            rows = (await conn.execute(query.order_by(order).limit(limit))).mappings().all()
+        return [file_record(row) for row in rows]
+
+    async def delete_file(self, file_id: uuid.UUID, tenant: str) -> bool:
+        """Delete a file; false if the tenant has no such file. A job that has not ended still
+        reads its input file (to check it, then to write its output in the input's order):
+        deleting that one is refused, naming the job."""
+        jobs_t = jobs_table
+        async with transaction(self.engine) as conn:
+            using = (
+                await conn.execute(
+                    select(jobs_t.c.id, jobs_t.c.status).where(
+                        jobs_t.c.tenant == tenant,
+                        jobs_t.c.input_file_id == file_id,
+                        jobs_t.c.status.not_in([s.value for s in ENDED_JOB_STATUSES]),
+                    )
+                )
+            ).first()
+            if using is not None:
+                raise InvalidTransition(
+                    f"the file is the input of batch {job_public_id(using[0])}, which is "
+                    f"{using[1]}: delete it once the batch has ended"
+                )
+            deleted = await conn.execute(
+                delete(files_t).where(files_t.c.id == file_id, files_t.c.tenant == tenant)
+            )
+        return bool(deleted.rowcount)
 
     async def file_content(self, file_id: uuid.UUID, tenant: str) -> bytes | None:
         query = select(files_t.c.content).where(files_t.c.id == file_id, files_t.c.tenant == tenant)
