@@ -53,6 +53,17 @@ def _ts(value: datetime | None) -> int | None:
     return None if value is None else int(to_epoch(value))
 
 
+def openai_list(page: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """A page of objects in OpenAI's list shape: ``after`` takes its ``last_id``."""
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": has_more,
+    }
+
+
 def file_object(record: FileRecord) -> dict[str, Any]:
     return {
         "id": file_public_id(record.id),

@@ -10,7 +10,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from batchserve.api.batch_schemas import CreateBatch, batch_object, window_s
+from batchserve.api.batch_schemas import CreateBatch, batch_object, openai_list, window_s
 from batchserve.api.deps import Caller, Services, Tenant, get_caller
 from batchserve.api.openai_errors import OpenAIRoute
 from batchserve.api.responses import JSON
@@ -105,15 +105,7 @@ async def list_batches(
     before = _job_uuid(after) if after else None
     jobs = await services.adapters.store.list_jobs(tenant, limit=limit + 1, before=before)
     page = [batch_object(j) for j in jobs[:limit]]
-    return JSON(
-        {
-            "object": "list",
-            "data": page,
-            "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None,
-            "has_more": len(jobs) > limit,
-        }
-    )
+    return JSON(openai_list(page, has_more=len(jobs) > limit))
 
 
 def _job_uuid(batch_id: str) -> uuid.UUID:

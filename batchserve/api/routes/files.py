@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Form, Query, UploadFile
 from fastapi.responses import Response
 
-from batchserve.api.batch_schemas import file_object
+from batchserve.api.batch_schemas import file_object, openai_list
 from batchserve.api.deps import Services, Tenant, get_caller
 from batchserve.api.openai_errors import OpenAIRoute
 from batchserve.api.responses import JSON
@@ -72,15 +72,7 @@ async def list_files(
         tenant, limit=limit + 1, after=cursor, newest_first=order == "desc", purpose=kind
     )
     page = [file_object(r) for r in records[:limit]]
-    return JSON(
-        {
-            "object": "list",
-            "data": page,
-            "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None,
-            "has_more": len(records) > limit,
-        }
-    )
+    return JSON(openai_list(page, has_more=len(records) > limit))
 
 
 @router.delete("/{file_id}")
