@@ -73,7 +73,7 @@ def file_object(record: FileRecord) -> dict[str, Any]:
         "filename": record.filename,
         "purpose": record.purpose.value,
         "status": "processed",
-        "expires_at": None,
+        "expires_at": _ts(record.expires_at),
         "status_details": None,
     }
 

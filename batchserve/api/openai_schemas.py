@@ -7,6 +7,7 @@ answer and that the backends cannot honour (``n`` > 1, tools, logprobs) are refu
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import (
@@ -230,6 +231,9 @@ def _submit(body: OpenAIBody, prompt: dict[str, Any], timeout_s: float | None) -
         ) from error
 
 
+_NAME = re.compile(r"[A-Za-z_]\w*(\[[A-Za-z_]\w*\])*")
+
+
 def openai_param(loc: tuple[Any, ...], body: OpenAIBody | None = None) -> str:
     """``params.max_tokens`` -> ``max_tokens``, ``messages.0.content`` -> ``messages[0].content``:
     the field as the OpenAI caller named it."""
@@ -242,7 +246,7 @@ def openai_param(loc: tuple[Any, ...], body: OpenAIBody | None = None) -> str:
     for part in parts:
         if isinstance(part, int):
             name += f"[{part}]"
-        elif str(part).isidentifier():
+        elif _NAME.fullmatch(str(part)):  # a form field may be `expires_after[seconds]`
             name += f".{part}" if name else str(part)
     return name or "body"
 

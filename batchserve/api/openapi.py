@@ -90,6 +90,7 @@ def _document(app: FastAPI, settings: Settings) -> dict[str, Any]:
     )
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     _window_choices(schemas, settings)
+    _upload_expiry(document, schemas)
     schemas["Problem"] = PROBLEM_SCHEMA
     schemas["OpenAIError"] = OPENAI_ERROR_SCHEMA
     for path, operations in document.get("paths", {}).items():
@@ -142,6 +143,14 @@ LINKS: dict[tuple[str, str, str], dict[str, tuple[str, str, dict[str, str]]]] = 
         "CancelBatch": ("post", "/v1/batches/{batch_id}/cancel", {"batch_id": _ID}),
     },
 }
+
+
+def _upload_expiry(document: dict[str, Any], schemas: dict[str, Any]) -> None:
+    """An upload's ``expires_after[anchor]`` only beside ``expires_after[seconds]`` (seconds
+    alone anchor at ``created_at``, the one anchor)."""
+    body = document["paths"]["/v1/files"]["post"]["requestBody"]["content"]
+    ref = body["multipart/form-data"]["schema"]["$ref"].rsplit("/", 1)[1]
+    schemas[ref]["dependentRequired"] = {"expires_after[anchor]": ["expires_after[seconds]"]}
 
 
 def _links(document: dict[str, Any], *, window: str) -> None:

@@ -74,6 +74,7 @@ class FileRecord:
     filename: str
     bytes: int
     created_at: datetime
+    expires_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

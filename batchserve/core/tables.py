@@ -289,10 +289,18 @@ class File(Base):
     # The whole file: Postgres bytea (TOASTed, compressed), bounded by BATCHSERVE_MAX_FILE_BYTES.
     content: Mapped[bytes] = mapped_column(LargeBinary)
     created_at: Mapped[datetime] = _ts(nullable=False)
+    # OpenAI's expires_after: hidden from then on, deleted by maintenance. Null: never.
+    expires_at: Mapped[datetime | None] = _ts()
 
     __table_args__ = (
         CheckConstraint(f"purpose IN ({FILE_PURPOSES})", name="purpose"),
         Index("ix_files_tenant_id", "tenant", "id"),
+        Index(
+            "ix_files_expires_at",
+            "expires_at",
+            postgresql_where=sa_text("expires_at IS NOT NULL"),
+            sqlite_where=sa_text("expires_at IS NOT NULL"),
+        ),
     )
 
 

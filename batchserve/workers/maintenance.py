@@ -1,5 +1,5 @@
-"""Maintenance: reap expired leases, expire overdue requests, republish, prune old keys, and
-drive bulk jobs (``workers.jobs``) alongside.
+"""Maintenance: reap expired leases, expire overdue requests, republish, prune old keys and
+expired files, and drive bulk jobs (``workers.jobs``) alongside.
 
 Every step is a conditional write, so several maintenance processes may run at once.
 """
@@ -40,6 +40,7 @@ class TickReport:
     expired: int = 0
     republished: int = 0
     pruned: int = 0
+    files_deleted: int = 0
 
 
 class Maintenance:
@@ -105,6 +106,7 @@ class Maintenance:
             report.pruned = await self._store.prune_idempotency(
                 now - self.config.idempotency_retention_s
             )
+            report.files_deleted = await self._store.delete_expired_files(now)
         return report
 
     async def reap(self, now: float, report: TickReport) -> None:

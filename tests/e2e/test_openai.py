@@ -120,6 +120,19 @@ def test_openai_client_runs_a_batch_cancels_another_and_completes_synchronously(
     listed = client.batches.list(limit=1)
     assert [b.id for b in listed.data] == [doomed.id] and listed.has_more
 
+    # Files as the SDK lists, expires and deletes them.
+    brief = client.files.create(
+        file=("brief.jsonl", chat_lines(1, "c")),
+        purpose="batch",
+        expires_after={"anchor": "created_at", "seconds": 3600},
+    )
+    assert brief.expires_at == brief.created_at + 3600
+    files = client.files.list(limit=2, purpose="batch")  # not the batches' output files
+    assert [f.id for f in files.data] == [brief.id, big.id] and files.has_more
+    assert [f.id for f in client.files.list(order="asc", limit=1).data] == [uploaded.id]
+    assert client.files.delete(brief.id).deleted is True
+    assert brief.id not in [f.id for f in client.files.list()]
+
 
 @pytest.mark.slow
 def test_openai_chat_completion_on_the_real_model(stack: Stack) -> None:

@@ -25,6 +25,7 @@ from batchserve.core.ids import job_request_id
 from batchserve.core.settings import Settings
 from batchserve.core.store import ItemOutcome, JobStore
 from batchserve.workers.jobs import JobDriver, JobDriverConfig
+from batchserve.workers.maintenance import Maintenance
 from tests.support import keys
 from tests.support.inprocess import asgi_client, running_app
 
@@ -495,6 +496,73 @@ async def test_deleting_a_file_removes_it_unless_a_batch_still_reads_it(
         assert (await client.delete(f"/v1/files/{file_id}")).status_code == 404
     assert (await client.get("/v1/files")).json()["data"] == []
     assert (await get_batch(client, created["id"]))["status"] == "cancelled"
+
+
+async def test_a_file_with_expires_after_is_gone_once_it_passes_and_maintenance_deletes_it(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    def expiring(seconds: object, anchor: object = "created_at") -> dict[str, object]:
+        return {
+            "purpose": "batch",
+            "expires_after[anchor]": anchor,
+            "expires_after[seconds]": seconds,
+        }
+
+    async def upload_with(form: dict[str, object]) -> httpx.Response:
+        content = jsonl([chat_line("a", "x")])
+        return await client.post("/v1/files", files={"file": ("in.jsonl", content)}, data=form)
+
+    made = (await upload_with(expiring(3600))).json()
+    assert made["expires_at"] == made["created_at"] + 3600
+    assert (await client.get(f"/v1/files/{made['id']}")).json()["expires_at"] == made["expires_at"]
+    alone = (await upload_with({"purpose": "batch", "expires_after[seconds]": 7200})).json()
+    assert alone["expires_at"] == alone["created_at"] + 7200  # anchored at created_at
+    await client.delete(f"/v1/files/{alone['id']}")
+    forever = await upload(client, jsonl([chat_line("b", "x")]))
+    assert (await client.get(f"/v1/files/{forever}")).json()["expires_at"] is None
+    forms: list[tuple[dict[str, object], str]] = [
+        (expiring(10), "expires_after[seconds]"),  # OpenAI's bounds: an hour to 30 days
+        (expiring(2_592_001), "expires_after[seconds]"),
+        (expiring(3600, anchor="last_active_at"), "expires_after[anchor]"),
+        ({"purpose": "batch", "expires_after[anchor]": "created_at"}, "expires_after[seconds]"),
+    ]
+    for form, param in forms:
+        refused = await upload_with(form)
+        assert refused.status_code == 400, (form, refused.text)
+        assert refused.json()["error"]["param"] == param, refused.text
+
+    # One expiring file is a running batch's input; both pass their time.
+    used = (await upload_with(expiring(3600))).json()
+    job = await client.post(
+        "/v1/batches",
+        json={"input_file_id": used["id"], "endpoint": CHAT, "completion_window": "24h"},
+    )
+    assert job.status_code == 200, job.text
+    async with store_of(app).engine.begin() as conn:
+        await conn.exec_driver_sql(
+            "UPDATE files SET expires_at = now() - interval '1 second' WHERE expires_at IS NOT NULL"
+        )
+    for file_id in (made["id"], used["id"]):
+        assert (await client.get(f"/v1/files/{file_id}")).status_code == 404
+        assert (await client.get(f"/v1/files/{file_id}/content")).status_code == 404
+    assert [f["id"] for f in (await client.get("/v1/files")).json()["data"]] == [forever]
+    reuse = await client.post(
+        "/v1/batches",
+        json={"input_file_id": made["id"], "endpoint": CHAT, "completion_window": "24h"},
+    )
+    assert reuse.status_code == 404, reuse.text
+
+    adapters = app.state.services.adapters
+    maintenance = Maintenance(store=adapters.store, queue=adapters.queue, events=adapters.events)
+    report = await maintenance.tick(time.time())
+    assert report.files_deleted == 1  # the running batch still reads the other
+    async with store_of(app).engine.connect() as conn:
+        left = (await conn.exec_driver_sql("SELECT count(*) FROM files")).scalar()
+    assert left == 2
+    # The batch reads its input although the API no longer shows it.
+    driver = driver_of(app)
+    assert await driver.ingest_once(time.time()) == 1
+    assert (await get_batch(client, job.json()["id"]))["status"] == "in_progress"
 
 
 @pytest.mark.parametrize(

@@ -24,3 +24,13 @@ def test_every_named_source_path_exists() -> None:
 def test_the_package_is_the_only_top_level_source_folder() -> None:
     folders = {p.parent.name for p in ROOT.glob("*/__init__.py")}
     assert folders == {"batchserve", "tests"}, folders
+
+
+def test_the_readme_shows_the_migrations_head_revision() -> None:
+    from alembic.script import ScriptDirectory
+
+    from batchserve.core.migrate import alembic_config
+
+    head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    shown = re.findall(r"^database at revision (\w+)$", (ROOT / "README.md").read_text(), re.M)
+    assert shown == [head], (shown, head)

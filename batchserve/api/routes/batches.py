@@ -48,7 +48,7 @@ async def create_batch(body: CreateBatch, services: Services, caller: Caller) ->
     seconds = window_s(body.completion_window, services.settings)
     file_id = parse_public_id(body.input_file_id, FILE_PREFIX)
     store = services.adapters.store
-    record = await store.get_file(file_id, tenant) if file_id else None
+    record = await store.get_file(file_id, tenant, now=services.clock()) if file_id else None
     if record is None:
         raise NotFound(f"no file {body.input_file_id}")
     if record.purpose is not FilePurpose.BATCH:

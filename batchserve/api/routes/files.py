@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Form, Query, UploadFile
 from fastapi.responses import Response
@@ -20,6 +21,18 @@ router = APIRouter(
 )
 
 READ_CHUNK = 1 << 20
+EXPIRES_MIN_S, EXPIRES_MAX_S = 3_600, 2_592_000  # OpenAI's bounds: an hour to 30 days
+
+
+def _form_field(schema: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    """An optional form field documented as ``schema`` alone: absent is how a form leaves it
+    out (a multipart part cannot be null; the string "null" is not a value of it)."""
+
+    def document(generated: dict[str, Any]) -> None:
+        generated.pop("anyOf", None)
+        generated.update(schema)
+
+    return document
 
 
 @router.post("")
@@ -29,11 +42,40 @@ async def upload_file(
     file: UploadFile,
     # Checked here, which says why; the document lists the one choice.
     purpose: Annotated[str, Form(json_schema_extra={"enum": [FilePurpose.BATCH.value]})],
+    # OpenAI's expires_after, as its SDK sends it in a multipart form.
+    expires_anchor: Annotated[
+        str | None,
+        Form(
+            alias="expires_after[anchor]",
+            json_schema_extra=_form_field({"type": "string", "enum": ["created_at"]}),
+        ),
+    ] = None,
+    expires_seconds: Annotated[
+        int | None,
+        Form(
+            alias="expires_after[seconds]",
+            ge=EXPIRES_MIN_S,
+            le=EXPIRES_MAX_S,
+            json_schema_extra=_form_field(
+                {"type": "integer", "minimum": EXPIRES_MIN_S, "maximum": EXPIRES_MAX_S}
+            ),
+        ),
+    ] = None,
 ) -> JSON:
-    """Upload a batch input file (JSONL, ``purpose=batch``); it is checked when a batch uses it."""
+    """Upload a batch input file (JSONL, ``purpose=batch``); it is checked when a batch uses it.
+    With ``expires_after`` (``seconds``: 3,600 to 30 days after ``created_at``, the one anchor)
+    it is gone from then on."""
     if purpose != FilePurpose.BATCH.value:
         raise InvalidInput(
             "purpose must be 'batch' (the only files batchserve takes)", field="purpose"
+        )
+    if expires_anchor is not None and expires_seconds is None:
+        raise InvalidInput(
+            "expires_after[anchor] needs expires_after[seconds]", field="expires_after[seconds]"
+        )
+    if expires_anchor is not None and expires_anchor != "created_at":
+        raise InvalidInput(
+            "expires_after[anchor] must be 'created_at'", field="expires_after[anchor]"
         )
     content = await _read_capped(file, services.settings.max_file_bytes)
     record = await services.adapters.store.create_file(
@@ -42,6 +84,7 @@ async def upload_file(
         filename=file.filename or "input.jsonl",
         content=content,
         now=services.clock(),
+        expires_after_s=expires_seconds,
     )
     return JSON(file_object(record))
 
@@ -69,7 +112,12 @@ async def list_files(
             raise InvalidInput(f"purpose must be one of {', '.join(FilePurpose)}", field="purpose")
         kind = FilePurpose(purpose)
     records = await services.adapters.store.list_files(
-        tenant, limit=limit + 1, after=cursor, newest_first=order == "desc", purpose=kind
+        tenant,
+        limit=limit + 1,
+        after=cursor,
+        newest_first=order == "desc",
+        purpose=kind,
+        now=services.clock(),
     )
     page = [file_object(r) for r in records[:limit]]
     return JSON(openai_list(page, has_more=len(records) > limit))
@@ -87,7 +135,9 @@ async def delete_file(file_id: str, services: Services, tenant: Tenant) -> JSON:
 @router.get("/{file_id}")
 async def get_file(file_id: str, services: Services, tenant: Tenant) -> JSON:
     """A file's size, name and purpose."""
-    record = await services.adapters.store.get_file(_file_uuid(file_id), tenant)
+    record = await services.adapters.store.get_file(
+        _file_uuid(file_id), tenant, now=services.clock()
+    )
     if record is None:
         raise NotFound(f"no file {file_id}")
     return JSON(file_object(record))
@@ -105,7 +155,9 @@ async def get_file(file_id: str, services: Services, tenant: Tenant) -> JSON:
 )
 async def get_file_content(file_id: str, services: Services, tenant: Tenant) -> Response:
     """A file's bytes, as uploaded or generated."""
-    content = await services.adapters.store.file_content(_file_uuid(file_id), tenant)
+    content = await services.adapters.store.file_content(
+        _file_uuid(file_id), tenant, now=services.clock()
+    )
     if content is None:
         raise NotFound(f"no file {file_id}")
     return Response(content, media_type="application/octet-stream")

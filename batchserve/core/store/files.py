@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import ColumnElement, delete, insert, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from batchserve.core.bulk import ENDED_JOB_STATUSES, FilePurpose, FileRecord, job_public_id
@@ -21,22 +21,51 @@ from batchserve.core.tables import files_table, jobs_table
 files_t = files_table
 
 FILE_COLUMNS = [
-    files_t.c[name] for name in ("id", "tenant", "purpose", "filename", "bytes", "created_at")
+    files_t.c[name]
+    for name in ("id", "tenant", "purpose", "filename", "bytes", "created_at", "expires_at")
 ]
+ACTIVE_JOB = jobs_table.c.status.not_in([s.value for s in ENDED_JOB_STATUSES])
+
+
+def _live(now: float | None) -> ColumnElement[bool]:
+    """Files not expired at ``now`` (every file when ``now`` is None: the job driver reads an
+    active job's input whatever its expiry)."""
+    if now is None:
+        return files_t.c.id.is_not(None)
+    return or_(files_t.c.expires_at.is_(None), files_t.c.expires_at > from_epoch(now))
 
 
 class FileVerbs(StoreBase):
     async def create_file(
-        self, *, tenant: str, purpose: FilePurpose, filename: str, content: bytes, now: float
+        self,
+        *,
+        tenant: str,
+        purpose: FilePurpose,
+        filename: str,
+        content: bytes,
+        now: float,
+        expires_after_s: float | None = None,
     ) -> FileRecord:
-        """Store a file's bytes whole; the caller has checked its size."""
+        """Store a file's bytes whole; the caller has checked its size. ``expires_after_s``:
+        the file expires that long after its creation (never without it)."""
         async with transaction(self.engine) as conn:
             return await insert_file(
-                conn, tenant=tenant, purpose=purpose, filename=filename, content=content, now=now
+                conn,
+                tenant=tenant,
+                purpose=purpose,
+                filename=filename,
+                content=content,
+                now=now,
+                expires_after_s=expires_after_s,
             )
 
-    async def get_file(self, file_id: uuid.UUID, tenant: str) -> FileRecord | None:
-        query = select(*FILE_COLUMNS).where(files_t.c.id == file_id, files_t.c.tenant == tenant)
+    async def get_file(
+        self, file_id: uuid.UUID, tenant: str, *, now: float | None = None
+    ) -> FileRecord | None:
+        """A file, unless it had expired at ``now``."""
+        query = select(*FILE_COLUMNS).where(
+            files_t.c.id == file_id, files_t.c.tenant == tenant, _live(now)
+        )
         async with transaction(self.engine) as conn:
             row = (await conn.execute(query)).mappings().first()
         return file_record(row) if row else None
@@ -49,10 +78,11 @@ class FileVerbs(StoreBase):
         after: uuid.UUID | None = None,
         newest_first: bool = True,
         purpose: FilePurpose | None = None,
+        now: float | None = None,
     ) -> list[FileRecord]:
         """The tenant's files in id (creation) order, newest first unless not ``newest_first``;
-        ``after``: the last id of the previous page."""
-        query = select(*FILE_COLUMNS).where(files_t.c.tenant == tenant)
+        ``after``: the last id of the previous page; not those expired at ``now``."""
+        query = select(*FILE_COLUMNS).where(files_t.c.tenant == tenant, _live(now))
         if purpose is not None:
             query = query.where(files_t.c.purpose == purpose.value)
         if after is not None:
@@ -73,7 +103,7 @@ class FileVerbs(StoreBase):
                     select(jobs_t.c.id, jobs_t.c.status).where(
                         jobs_t.c.tenant == tenant,
                         jobs_t.c.input_file_id == file_id,
-                        jobs_t.c.status.not_in([s.value for s in ENDED_JOB_STATUSES]),
+                        ACTIVE_JOB,
                     )
                 )
             ).first()
@@ -87,8 +117,26 @@ class FileVerbs(StoreBase):
             )
         return bool(deleted.rowcount)
 
-    async def file_content(self, file_id: uuid.UUID, tenant: str) -> bytes | None:
-        query = select(files_t.c.content).where(files_t.c.id == file_id, files_t.c.tenant == tenant)
+    async def delete_expired_files(self, now: float) -> int:
+        """Delete the files expired at ``now``, but not the input of a job that has not ended
+        (it goes once the job has)."""
+        jobs_t = jobs_table
+        still_read = select(jobs_t.c.input_file_id).where(ACTIVE_JOB)
+        async with transaction(self.engine) as conn:
+            deleted = await conn.execute(
+                delete(files_t).where(
+                    files_t.c.expires_at <= from_epoch(now), files_t.c.id.not_in(still_read)
+                )
+            )
+        return int(deleted.rowcount or 0)
+
+    async def file_content(
+        self, file_id: uuid.UUID, tenant: str, *, now: float | None = None
+    ) -> bytes | None:
+        """A file's bytes, unless it had expired at ``now``."""
+        query = select(files_t.c.content).where(
+            files_t.c.id == file_id, files_t.c.tenant == tenant, _live(now)
+        )
         async with transaction(self.engine) as conn:
             row = (await conn.execute(query)).first()
         return bytes(row[0]) if row else None
@@ -102,6 +150,7 @@ async def insert_file(
     filename: str,
     content: bytes,
     now: float,
+    expires_after_s: float | None = None,
 ) -> FileRecord:
     record = FileRecord(
         id=uuid7(),
@@ -110,6 +159,7 @@ async def insert_file(
         filename=filename[:255] or "file.jsonl",
         bytes=len(content),
         created_at=from_epoch(now),
+        expires_at=from_epoch(now + expires_after_s) if expires_after_s is not None else None,
     )
     await conn.execute(
         insert(files_t).values(
@@ -120,6 +170,7 @@ async def insert_file(
             bytes=record.bytes,
             content=content,
             created_at=record.created_at,
+            expires_at=record.expires_at,
         )
     )
     return record
@@ -135,4 +186,5 @@ def file_record(row: Mapping[Any, Any]) -> FileRecord:
         filename=row["filename"],
         bytes=int(row["bytes"]),
         created_at=created_at,
+        expires_at=aware(row["expires_at"]),
     )
