@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -16,13 +16,23 @@ from batchserve.core.settings import Settings
 
 WINDOW = re.compile(r"^(\d{1,7})(s|m|h|d)$")
 UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+EXPIRES_MIN_S, EXPIRES_MAX_S = 3_600, 2_592_000  # OpenAI's bounds on expiry: an hour to 30 days
+
+
+class ExpiresAfter(BaseModel):
+    """OpenAI's ``expires_after``: a file expires ``seconds`` after its ``created_at``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    anchor: Literal["created_at"]
+    seconds: Annotated[int, Field(ge=EXPIRES_MIN_S, le=EXPIRES_MAX_S)]
 
 
 class CreateBatch(BaseModel):
     """``POST /v1/batches``. ``webhook_url`` is batchserve's own addition: a ``batch.*`` event
-    is POSTed there when the job ends."""
+    is POSTed there when the job ends. Any other field is refused by name, none ignored."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     input_file_id: Annotated[str, StringConstraints(min_length=1, max_length=64)]
     # Checked by the route, which names the choices; the document lists them.
@@ -31,6 +41,7 @@ class CreateBatch(BaseModel):
     completion_window: str
     metadata: Annotated[dict[MetaKey, MetaValue], Field(max_length=MAX_METADATA_KEYS)] | None = None
     webhook_url: WebhookUrl | None = None
+    output_expires_after: ExpiresAfter | None = None
 
 
 def window_s(window: str, settings: Settings) -> float:

@@ -121,6 +121,7 @@ class NewJob:
     expires_at: datetime
     metadata: dict[str, str] | None = None
     webhook_url: str | None = None
+    output_expires_after_s: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

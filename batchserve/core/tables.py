@@ -352,6 +352,9 @@ class BatchJob(Base):
     expired_at: Mapped[datetime | None] = _ts()
     cancelling_at: Mapped[datetime | None] = _ts()
     cancelled_at: Mapped[datetime | None] = _ts()
+    # OpenAI's output_expires_after: the output and error files expire this long after they
+    # are written. Null: never.
+    output_expires_after_s: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (
         CheckConstraint(f"status IN ({JOB_STATUSES})", name="status"),

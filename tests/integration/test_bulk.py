@@ -565,6 +565,43 @@ async def test_a_file_with_expires_after_is_gone_once_it_passes_and_maintenance_
     assert (await get_batch(client, job.json()["id"]))["status"] == "in_progress"
 
 
+async def test_output_expires_after_sets_the_expiry_of_the_files_a_batch_writes(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    expiry = {"anchor": "created_at", "seconds": 7200}
+    created = await create_batch(
+        client, jsonl([chat_line(f"r{i}", "x") for i in range(3)]), output_expires_after=expiry
+    )
+    driver = driver_of(app)
+    await driver.ingest_once(time.time())
+    await client.post(f"/v1/batches/{created['id']}/cancel")
+    await driver.settle(time.time())
+    ended = await get_batch(client, created["id"])
+    written = (await client.get(f"/v1/files/{ended['error_file_id']}")).json()
+    assert written["purpose"] == "batch_output"
+    assert written["expires_at"] == written["created_at"] + 7200
+    assert (await client.get(f"/v1/files/{created['input_file_id']}")).json()["expires_at"] is None
+
+    input_id = await upload(client, jsonl([chat_line("a", "x")]))
+    for value, param in (
+        ({"anchor": "created_at", "seconds": 60}, "output_expires_after.seconds"),
+        ({"anchor": "last_active_at", "seconds": 3600}, "output_expires_after.anchor"),
+        ({"seconds": 3600}, "output_expires_after.anchor"),
+        ({"anchor": "created_at", "seconds": 3600, "after": 1}, "output_expires_after.after"),
+    ):
+        refused = await client.post(
+            "/v1/batches",
+            json={
+                "input_file_id": input_id,
+                "endpoint": CHAT,
+                "completion_window": "24h",
+                "output_expires_after": value,
+            },
+        )
+        assert refused.status_code == 400, (value, refused.text)
+        assert refused.json()["error"]["param"] == param, refused.text
+
+
 @pytest.mark.parametrize(
     ("body", "status", "param", "code"),
     [

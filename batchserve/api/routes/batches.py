@@ -70,6 +70,9 @@ async def create_batch(body: CreateBatch, services: Services, caller: Caller) ->
             expires_at=now + timedelta(seconds=seconds),
             metadata=body.metadata,
             webhook_url=webhook_url,
+            output_expires_after_s=(
+                body.output_expires_after.seconds if body.output_expires_after else None
+            ),
         )
     )
     await services.adapters.events.publish(JobChanged(job.id.hex, job.status.value))

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Form, Query, UploadFile
 from fastapi.responses import Response
 
-from batchserve.api.batch_schemas import file_object, openai_list
+from batchserve.api.batch_schemas import EXPIRES_MAX_S, EXPIRES_MIN_S, file_object, openai_list
 from batchserve.api.deps import Services, Tenant, get_caller
 from batchserve.api.openai_errors import OpenAIRoute
 from batchserve.api.responses import JSON
@@ -21,7 +21,6 @@ router = APIRouter(
 )
 
 READ_CHUNK = 1 << 20
-EXPIRES_MIN_S, EXPIRES_MAX_S = 3_600, 2_592_000  # OpenAI's bounds: an hour to 30 days
 
 
 def _form_field(schema: dict[str, Any]) -> Callable[[dict[str, Any]], None]:

@@ -43,6 +43,7 @@ class JobVerbs(StoreBase):
                     input_file_id=job.input_file_id,
                     metadata=job.metadata,
                     webhook_url=job.webhook_url,
+                    output_expires_after_s=job.output_expires_after_s,
                     total=0,
                     completed=0,
                     failed=0,

@@ -186,5 +186,6 @@ async def _store_file(
         filename=f"{job_public_id(job['id'])}_{kind}.jsonl",
         content=content,
         now=now,
+        expires_after_s=job["output_expires_after_s"],
     )
     return record.id
