@@ -43,7 +43,7 @@ async def upload_file(
     purpose: Annotated[str, Form(json_schema_extra={"enum": [FilePurpose.BATCH.value]})],
     # OpenAI's expires_after, as its SDK sends it in a multipart form.
     expires_anchor: Annotated[
-        str | None,
+        Literal["created_at"] | None,
         Form(
             alias="expires_after[anchor]",
             json_schema_extra=_form_field({"type": "string", "enum": ["created_at"]}),
@@ -72,10 +72,6 @@ async def upload_file(
         raise InvalidInput(
             "expires_after[anchor] needs expires_after[seconds]", field="expires_after[seconds]"
         )
-    if expires_anchor is not None and expires_anchor != "created_at":
-        raise InvalidInput(
-            "expires_after[anchor] must be 'created_at'", field="expires_after[anchor]"
-        )
     content = await _read_capped(file, services.settings.max_file_bytes)
     record = await services.adapters.store.create_file(
         tenant=tenant,
@@ -100,22 +96,17 @@ async def list_files(
             description="The last id of the previous page", pattern=f"^{FILE_PREFIX}[0-9a-f]{{32}}$"
         ),
     ] = None,
-    purpose: Annotated[str | None, Query(json_schema_extra={"enum": list(FilePurpose)})] = None,
+    purpose: FilePurpose | None = None,
 ) -> JSON:
     """The caller's files, newest first (``order=asc``: oldest first), a page at a time, as
     OpenAI's list of files: ``after`` is the ``last_id`` of the previous page."""
     cursor = _file_uuid(after) if after is not None else None
-    kind = None
-    if purpose is not None:
-        if purpose not in list(FilePurpose):
-            raise InvalidInput(f"purpose must be one of {', '.join(FilePurpose)}", field="purpose")
-        kind = FilePurpose(purpose)
     records = await services.adapters.store.list_files(
         tenant,
         limit=limit + 1,
         after=cursor,
         newest_first=order == "desc",
-        purpose=kind,
+        purpose=purpose,
         now=services.clock(),
     )
     page = [file_object(r) for r in records[:limit]]

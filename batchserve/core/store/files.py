@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import ColumnElement, delete, insert, or_, select
+from sqlalchemy import ColumnElement, delete, insert, or_, select, true
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from batchserve.core.bulk import ENDED_JOB_STATUSES, FilePurpose, FileRecord, job_public_id
@@ -31,7 +31,7 @@ def _live(now: float | None) -> ColumnElement[bool]:
     """Files not expired at ``now`` (every file when ``now`` is None: the job driver reads an
     active job's input whatever its expiry)."""
     if now is None:
-        return files_t.c.id.is_not(None)
+        return true()
     return or_(files_t.c.expires_at.is_(None), files_t.c.expires_at > from_epoch(now))
 
 
