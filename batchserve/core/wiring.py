@@ -9,7 +9,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batchserve.core.broker import MemoryRequestQueue, RabbitRequestQueue, RequestQueue
-from batchserve.core.db import create_engine
+from batchserve.core.db import Statements, create_engine, is_postgres
 from batchserve.core.domain import Lane, StateChange
 from batchserve.core.events import EventBus, MemoryEventBus, RedisEventBus
 from batchserve.core.loadboard import LoadBoard, MemoryLoadBoard, RedisLoadBoard
@@ -47,6 +47,9 @@ class Adapters:
         if isinstance(self.slots, RedisSlotDirectory):
             with contextlib.suppress(Exception):
                 await self.slots.close()
+        if self.store.statements is not None:
+            with contextlib.suppress(Exception):
+                await self.store.statements.close()
         await self.engine.dispose()
 
     async def check(self) -> dict[str, str]:
@@ -128,8 +131,14 @@ def connect(
         loadboard = RedisLoadBoard(settings.redis_url, settings.key_prefix)
         ratelimit = RedisRateLimiter(settings.redis_url, settings.key_prefix)
         tokens = redis_token_log(settings)
+    statements = (
+        Statements(settings.effective_database_url, size=pool_size) if is_postgres(engine) else None
+    )
     store = JobStore(
-        engine, max_failures=settings.max_failures, on_change=store_hook(events, tokens)
+        engine,
+        max_failures=settings.max_failures,
+        on_change=store_hook(events, tokens),
+        statements=statements,
     )
     return Adapters(
         settings, registry, engine, store, queue, events, slots, loadboard, ratelimit, tokens

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -12,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from batchserve.core.db import create_engine
+from batchserve.core.db import Statements, create_engine
 from batchserve.core.domain import (
     BatchOutcome,
     ItemResult,
@@ -31,15 +32,20 @@ S = RequestState
 TIMINGS = Timings(1.0, 1.0, 100.0, 102.0)
 
 
-@pytest.fixture(params=["postgres", "sqlite"])
+@pytest.fixture(params=["postgres", "postgres+statements", "sqlite"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[JobStore]:
-    if request.param == "postgres":
+    """Postgres through SQLAlchemy alone, and as the roles use it (``wiring.connect``): its hot
+    single statements through psycopg's pool; and SQLite."""
+    if request.param.startswith("postgres"):
         url = request.getfixturevalue("database_url")
     else:
         url = f"sqlite+aiosqlite:///{tmp_path}/store.sqlite3"
         upgrade(url)
     engine = create_engine(url, pool_size=4)
-    yield JobStore(engine, max_failures=3)
+    statements = Statements(url, size=2) if request.param == "postgres+statements" else None
+    yield JobStore(engine, max_failures=3, statements=statements)
+    if statements is not None:
+        await statements.close()
     await engine.dispose()
 
 
@@ -100,6 +106,48 @@ async def test_submit_then_read_and_list(store: JobStore) -> None:
     assert [str(r.id) for r in first] == [ids[2], ids[1]]
     rest = await store.list_requests("t1", limit=2, before=first[-1].id)
     assert [str(r.id) for r in rest] == [ids[0]]
+
+
+async def test_the_statement_pool_writes_and_reads_what_the_engine_does(database_url: str) -> None:
+    """Admission and reads through psycopg's pool (one row, several rows) against the same
+    through SQLAlchemy: the same rows, read back as the same records, finished ones included."""
+    engine = create_engine(database_url, pool_size=2)
+    statements = Statements(database_url, size=2)
+    fast, plain = JobStore(engine, statements=statements), JobStore(engine)
+    try:
+        one = command("one")
+        one = dataclasses.replace(one, metadata={"k": "v"}, webhook_url="https://example.com/h")
+        group = [command("a"), command("b"), command("c")]
+        messages = dataclasses.replace(
+            command("m"), input=None, messages=[{"role": "user", "content": "hé"}]
+        )
+        ids = await submit(fast, one) + await submit(fast, *group) + await submit(plain, messages)
+        await finish(plain, ids[:2])
+        for request_id in ids:
+            through_pool = await fast.get(uuid.UUID(request_id), "t1")
+            assert through_pool is not None
+            assert through_pool == await plain.get(uuid.UUID(request_id), "t1")
+            assert await fast.get(uuid.UUID(request_id)) == through_pool
+            assert await fast.get(uuid.UUID(request_id), "t2") is None
+        done = await fast.get(uuid.UUID(ids[0]))
+        assert done is not None and done.state is S.SUCCEEDED and done.timings == TIMINGS
+        assert done.metadata == {"k": "v"} and done.webhook_url == "https://example.com/h"
+        assert await fast.get(uuid7()) is None
+        # A second admission of the same id is refused by the table, as through the engine.
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            await fast.submit([one])
+    finally:
+        await statements.close()
+        await engine.dispose()
+
+
+async def finish(store: JobStore, ids: list[str]) -> None:
+    batch_id = await claim(store, ids)
+    start = await store.start_batch(batch_id, "w1", time.time(), 2.0)
+    assert start is not None and not isinstance(start, Reaped)
+    await store.complete_batch(
+        batch_id, attempt=1, outcomes=[ok(i) for i in ids], now=time.time(), model_ms=100
+    )
 
 
 async def test_idempotency_replay_conflict_and_in_progress(store: JobStore) -> None:

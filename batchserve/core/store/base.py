@@ -12,7 +12,7 @@ from sqlalchemy import DateTime, case, insert, literal, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from batchserve.core import lifecycle
-from batchserve.core.db import is_postgres
+from batchserve.core.db import Statements, is_postgres
 from batchserve.core.domain import (
     DeliveryStatus,
     ErrorCode,
@@ -133,8 +133,12 @@ class StoreBase:
         *,
         max_failures: int = 3,
         on_change: OnChange | None = None,
+        statements: Statements | None = None,
     ) -> None:
         self.engine = engine
+        # Postgres only: the hot single statements (admission, a request's read) go through
+        # psycopg's pool instead of the engine (batchserve/core/db.py says why).
+        self.statements = statements if is_postgres(engine) else None
         self.max_failures = max_failures
         self._on_change = on_change
         self._postgres = is_postgres(engine)

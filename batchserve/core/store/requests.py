@@ -52,6 +52,21 @@ class RequestVerbs(StoreBase):
         self, commands: Sequence[SubmitCommand]
     ) -> list[Admission | IdempotencyConflict | IdempotencyInProgress]:
         """Persist new requests in one transaction, honouring their idempotency keys."""
+        if self.statements is not None and all(c.idempotency_key is None for c in commands):
+            # Without keys there is nothing to lock or to read back: the one INSERT is its
+            # own transaction.
+            # One command (a group at low load): a plain row, half the CPU of the arrays.
+            rows = await (
+                self.statements.fetchall(_INSERT_ONE_PSYCOPG, _one_row(commands[0]))
+                if len(commands) == 1
+                else self.statements.fetchall(_INSERT_UNNEST_PSYCOPG, _unnest_columns(commands))
+            )
+            inserted_ids = {row["id"] for row in rows}
+            return [
+                Admission(_new_record(c), False, command_message(c))
+                for c in commands
+                if c.id in inserted_ids
+            ]
         outcomes: list[Admission | IdempotencyConflict | IdempotencyInProgress | None] = [
             None
         ] * len(commands)
@@ -122,12 +137,7 @@ class RequestVerbs(StoreBase):
         if self._postgres:
             # One statement of constant text whatever the group's size: the driver converts
             # and Postgres prepares it once, where a multi-row VALUES is new SQL each time.
-            rows = [command_row(c) for c in commands]
-            columns = {
-                name: [pg_value(name, row[name]) for row in rows]
-                for name, _ in _UNNEST_INSERT_COLUMNS
-            }
-            result = await conn.execute(_INSERT_UNNEST_PG, columns)
+            result = await conn.execute(_INSERT_UNNEST_PG, _unnest_columns(commands))
             return {row[0] for row in result}
         stmt = (
             sqlite_insert(requests_t)
@@ -195,6 +205,12 @@ class RequestVerbs(StoreBase):
         """One request. A single statement, so no transaction around it: BEGIN and COMMIT made
         this read, the one every poll and answer makes, cost 0.83 ms of the API's CPU against
         0.53 ms without them (2,000 reads each way, same run)."""
+        if self.statements is not None:
+            found = await self.statements.fetchone(
+                _GET_PSYCOPG if tenant is None else _GET_OF_TENANT_PSYCOPG,
+                {"id": request_id, "tenant": tenant},
+            )
+            return row_record(found) if found else None
         query = select(*RECORD_COLUMNS).where(requests_t.c.id == request_id)
         if tenant is not None:
             query = query.where(requests_t.c.tenant == tenant)
@@ -368,13 +384,49 @@ def _new_record(cmd: SubmitCommand) -> RequestRecord:
 
 # The columns admission writes (``command_row``'s keys) with their Postgres types.
 _UNNEST_INSERT_COLUMNS = [(name, pg_type(requests_t.c[name])) for name in COMMAND_COLUMNS]
-_INSERT_UNNEST_PG = text(
+
+
+def _insert_unnest(param: str) -> str:
+    """The admission INSERT, with each column's array parameter written as ``param``
+    formats its name (SQLAlchemy's ``:name`` or psycopg's ``%(name)s``)."""
+    return (
+        "INSERT INTO requests ("
+        + ", ".join(name for name, _ in _UNNEST_INSERT_COLUMNS)
+        + ") SELECT * FROM unnest("
+        + ", ".join(
+            f"CAST({param.format(name)} AS {kind}[])" for name, kind in _UNNEST_INSERT_COLUMNS
+        )
+        + ") ON CONFLICT (tenant, idempotency_key) DO NOTHING RETURNING id"
+    )
+
+
+_INSERT_UNNEST_PG = text(_insert_unnest(":{}"))
+_INSERT_UNNEST_PSYCOPG = _insert_unnest("%({})s")
+
+
+def _unnest_columns(commands: Sequence[SubmitCommand]) -> dict[str, list[Any]]:
+    """The admission INSERT's parameters: one array per column, a value per command."""
+    rows = [command_row(c) for c in commands]
+    return {name: [pg_value(name, row[name]) for row in rows] for name, _ in _UNNEST_INSERT_COLUMNS}
+
+
+_INSERT_ONE_PSYCOPG = (
     "INSERT INTO requests ("
     + ", ".join(name for name, _ in _UNNEST_INSERT_COLUMNS)
-    + ") SELECT * FROM unnest("
-    + ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in _UNNEST_INSERT_COLUMNS)
+    + ") VALUES ("
+    + ", ".join(f"%({name})s" for name, _ in _UNNEST_INSERT_COLUMNS)
     + ") ON CONFLICT (tenant, idempotency_key) DO NOTHING RETURNING id"
 )
+
+
+def _one_row(command: SubmitCommand) -> dict[str, Any]:
+    row = command_row(command)
+    return {name: pg_value(name, row[name]) for name, _ in _UNNEST_INSERT_COLUMNS}
+
+
+_RECORD_SELECT = "SELECT " + ", ".join(c.name for c in RECORD_COLUMNS) + " FROM requests"
+_GET_PSYCOPG = _RECORD_SELECT + " WHERE id = %(id)s"
+_GET_OF_TENANT_PSYCOPG = _GET_PSYCOPG + " AND tenant = %(tenant)s"
 
 
 # The rows to mark are locked with SKIP LOCKED first (see mark_published_groups); an id given
