@@ -39,7 +39,7 @@ from batchserve.batching.policy import (
     estimate_batch_s,
 )
 from batchserve.batching.rate import RateMeter
-from batchserve.batching.timeline import SlotTimeline
+from batchserve.batching.timeline import LeadTuner, SlotTimeline
 from batchserve.core.broker import Delivery, RequestQueue
 from batchserve.core.domain import (
     BatchClosed,
@@ -95,10 +95,15 @@ class BatcherConfig:
     group_settle_s: float = 0.05
     # Send a slot its next batch this long before its running one is expected to end: long
     # enough for the claim, the Celery publish and delivery and, on a worker with standby
-    # processes, the lease (10-15 ms typical on two busy cores), so that the next model starts
-    # the moment the slot frees. 20 ms left ~1 batch in 10 waiting for its lease (saturation
-    # drain 0.95-0.97 of the ideal against 0.99 at 30 ms).
+    # processes, the lease, so that the next model starts the moment the slot frees. The
+    # start: 20 ms left ~1 batch in 10 waiting for its lease (saturation drain 0.95-0.97 of
+    # the ideal against 0.99 at 30 ms). From then on it is learned from how early the
+    # batches sent behind running ones come to their slots (``LeadTuner``), within these
+    # bounds, at most ``pipeline_late_share`` of them late.
     pipeline_lead_s: float = 0.03
+    pipeline_lead_min_s: float = 0.005
+    pipeline_lead_max_s: float = 0.1
+    pipeline_late_share: float = 0.1
     # From dispatch to a batch's end, beyond its model time: hand-over to the worker, taking
     # the lease, writing the results.
     dispatch_overhead_s: float = 0.025
@@ -167,7 +172,15 @@ class ModelBatcher(BatcherJobs):
         self._clock = clock
         self.pending: dict[str, _Entry] = {}
         # Batch models: which worker slots are busy until when. Engine models: what is out.
-        self.slots = SlotTimeline(lead_s=self.config.pipeline_lead_s)
+        self.lead = LeadTuner(
+            self.config.pipeline_lead_s,
+            min_s=self.config.pipeline_lead_min_s,
+            max_s=self.config.pipeline_lead_max_s,
+            late_share=self.config.pipeline_late_share,
+        )
+        self.slots = SlotTimeline(lead_s=self.lead.lead_s)
+        # Batches sent behind a running one on their slot: how early they come tunes the lead.
+        self._sent_behind: set[uuid.UUID] = set()
         self.ledger = EngineLedger()
         # A batch queued behind another at its worker starts this soon after that one ends.
         self._pickup_s = 0.005
@@ -239,6 +252,11 @@ class ModelBatcher(BatcherJobs):
         batch_id = uuid.UUID(event.batch_id)
         now = self._clock()
         self._recently_closed[batch_id] = now
+        if batch_id in self._sent_behind:
+            self._sent_behind.discard(batch_id)
+            if event.early_s is not None:
+                self.slots.lead_s = self.lead.observe(event.early_s)
+                metrics().pipeline_lead.labels(self.spec.name).set(self.slots.lead_s)
         if self.engine:
             freed = self.ledger.close(batch_id)
         else:
@@ -443,6 +461,10 @@ class ModelBatcher(BatcherJobs):
                 )
             else:
                 self.slots.assign(batch_id, now, estimated_s + self.config.dispatch_overhead_s)
+                if self.slots.queued_behind(batch_id):
+                    if len(self._sent_behind) > 10_000:  # closings missed (a worker died)
+                        self._sent_behind.clear()
+                    self._sent_behind.add(batch_id)
         finally:
             self._claiming.discard(batch_id)
         self.last_dispatch_at = now

@@ -58,6 +58,10 @@ class SlotTimeline:
         """When each busy slot is expected to free up (the policy paces batches with it)."""
         return tuple(end for end in self._tails.values() if end > now)
 
+    def queued_behind(self, batch_id: uuid.UUID) -> bool:
+        """Whether the batch waits behind a running one on its slot."""
+        return batch_id in self._next.values()
+
     def assign(self, batch_id: uuid.UUID, now: float, run_s: float) -> float:
         """Put a dispatched batch on the slot that frees first; returns its expected end."""
         if batch_id in self._tails:  # already placed: a second placement would cost a slot
@@ -92,3 +96,47 @@ class SlotTimeline:
         if self.idle + len(self._tails) < self.capacity:
             self.idle += 1
         return True
+
+
+class LeadTuner:
+    """Learns how early to send a slot its next batch. Pure.
+
+    The worker tells, for each batch sent behind a running one, how early it was: how long it
+    waited at its slot for the running model to end (positive), or how long the slot stood
+    idle before it arrived (negative: late). Early costs latency (requests arriving in the
+    lead miss the batch and wait a whole batch more); late costs the slot's time. The lead
+    follows the quantile ``late_share`` of those margins: each late batch raises it by
+    ``step_s * (1 - late_share)``, each early one lowers it by ``step_s * late_share``, so it
+    settles where about ``late_share`` of the batches come late (a stochastic quantile
+    estimate). On an idle 2-core machine the hand-over (claim, Celery, lease) took 9-13 ms
+    where the fixed lead was 30 ms; under load it grows, and the lead with it.
+    """
+
+    def __init__(
+        self,
+        lead_s: float,
+        *,
+        min_s: float = 0.005,
+        max_s: float = 0.1,
+        late_share: float = 0.1,
+        step_s: float = 0.002,
+    ) -> None:
+        if not 0.0 < late_share < 1.0:
+            raise ValueError("late_share must be between 0 and 1")
+        self.min_s, self.max_s = min_s, max_s
+        self.late_share = late_share
+        self.step_s = step_s
+        self.lead_s = min(max(lead_s, min_s), max_s)
+        self.early = 0
+        self.late = 0
+
+    def observe(self, early_s: float) -> float:
+        """One batch's margin at its slot (negative: late); returns the new lead."""
+        if early_s < 0.0:
+            self.late += 1
+            change = self.step_s * (1.0 - self.late_share)
+        else:
+            self.early += 1
+            change = -self.step_s * self.late_share
+        self.lead_s = min(max(self.lead_s + change, self.min_s), self.max_s)
+        return self.lead_s

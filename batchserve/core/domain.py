@@ -292,6 +292,9 @@ class BatchClosed:
     batch_id: str
     outcome: str
     worker: str | None = None
+    # How early the batch came to its slot: seconds it waited there for the running model
+    # (positive) or minus the seconds the slot stood idle first; None where not measured.
+    early_s: float | None = None
 
     def encode(self) -> dict[str, Any]:
         return {
@@ -300,6 +303,7 @@ class BatchClosed:
             "batch_id": self.batch_id,
             "outcome": self.outcome,
             "worker": self.worker,
+            "early_s": self.early_s,
         }
 
 
@@ -427,6 +431,7 @@ def decode_event(body: bytes | str) -> Event:
             batch_id=data["batch_id"],
             outcome=data["outcome"],
             worker=data.get("worker"),
+            early_s=data.get("early_s"),
         )
     return StateChange(
         request_ids=tuple(data["ids"]),

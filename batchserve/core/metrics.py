@@ -24,6 +24,7 @@ from pathlib import Path
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     start_http_server,
 )
@@ -65,6 +66,7 @@ class Metrics:
     webhook_deliveries: Counter
     batch_size: Histogram
     batch_fill_ratio: Histogram
+    pipeline_lead: Gauge
     queue_wait: Histogram
     batch_wait: Histogram
     model_time: Histogram
@@ -130,6 +132,11 @@ def metrics() -> Metrics:
             "Batch size over the model's max_batch_size",
             ["model"],
             buckets=FILL_BUCKETS,
+        ),
+        pipeline_lead=Gauge(
+            "batchserve_pipeline_lead_seconds",
+            "How long before a slot's running batch ends the batcher sends it the next (learned)",
+            ["model"],
         ),
         queue_wait=Histogram(
             "batchserve_queue_wait_seconds",

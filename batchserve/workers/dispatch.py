@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from celery import Celery
@@ -51,20 +52,30 @@ class CeleryDispatcher:
 
 
 class _SlotGate:
-    """At most ``slots`` models of one model name run at once; counts who waits."""
+    """At most ``slots`` models of one model name run at once; counts who waits. Entering
+    tells how early the batch came, as the worker's ``SlotGate`` does: seconds it waited
+    (positive), or minus the seconds since a slot was last given back (late)."""
 
     def __init__(self, slots: int) -> None:
         self._free = asyncio.Semaphore(slots)
         self.waiting = 0
+        self._released_at: float | None = None
 
-    async def __aenter__(self) -> None:
+    async def __aenter__(self) -> float | None:
+        asked = time.monotonic()
+        waited = self._free.locked()
         self.waiting += 1
         try:
             await self._free.acquire()
         finally:
             self.waiting -= 1
+        now = time.monotonic()
+        if waited:
+            return now - asked
+        return None if self._released_at is None else min(0.0, self._released_at - now)
 
     async def __aexit__(self, *_: object) -> None:
+        self._released_at = time.monotonic()
         self._free.release()
 
 

@@ -120,7 +120,7 @@ class BatchRunner:
         model_done: Callable[[], None] | None = None,
         *,
         slot: int | None = None,
-        gate: contextlib.AbstractAsyncContextManager[None] | None = None,
+        gate: contextlib.AbstractAsyncContextManager[float | None] | None = None,
     ) -> None:
         """Run one batch and store its results (everything on this event loop). ``slot``: which
         of this runner's concurrent slots runs it, where it has several (the embedded mode);
@@ -128,13 +128,14 @@ class BatchRunner:
         its lease at once but starts its model only when the slot's running one is through."""
         with bind(batch_id=message.batch_id, model=message.model):
             batch = await self.open(message, slot=slot)
+            early_s = None
             try:
-                async with gate if gate is not None else contextlib.nullcontext():
+                async with gate if gate is not None else contextlib.nullcontext() as early_s:
                     output = await asyncio.to_thread(batch.run_model) if batch.ours else None
             finally:
                 if model_done is not None:
                     model_done()
-            await batch.conclude(output)
+            await batch.conclude(output, early_s=early_s)
 
     async def open(self, message: BatchMessage, *, slot: int | None = None) -> OpenBatch:
         """Take the batch's lease. The model must not start before: a worker that dies running
@@ -235,14 +236,22 @@ class BatchRunner:
         """Put requests a reap or a retry sent back to the queue on the broker."""
         await republish(self._queue, self.store, reaped.requeued, batch_id=message.batch_id)
 
-    async def announce(self, message: BatchMessage, outcome: BatchOutcome, worker: str) -> None:
-        """Tell the batcher the slot is free (it may already have sent the next batch)."""
+    async def announce(
+        self,
+        message: BatchMessage,
+        outcome: BatchOutcome,
+        worker: str,
+        early_s: float | None = None,
+    ) -> None:
+        """Tell the batcher the slot is free (it may already have sent the next batch), and
+        how early this batch came to it."""
         await self._events.publish(
             BatchClosed(
                 model=message.model,
                 batch_id=message.batch_id,
                 outcome=outcome.value,
                 worker=worker,
+                early_s=early_s,
             )
         )
 
@@ -335,8 +344,9 @@ class OpenBatch:
         self.model_started = self.runner.clock()
         return run_isolating(self.runner.backend, list(self.message.items), self.early.hand_over)
 
-    async def conclude(self, output: RunOutput | None) -> None:
-        """Announce the free slot and store the results (``None``: the model did not run)."""
+    async def conclude(self, output: RunOutput | None, *, early_s: float | None = None) -> None:
+        """Announce the free slot and store the results (``None``: the model did not run);
+        ``early_s``: how early the batch came to its slot (``SlotGate.Turn``)."""
         runner, message = self.runner, self.message
         finished = runner.clock()
         try:
@@ -357,7 +367,7 @@ class OpenBatch:
                 return
             assert output is not None
             annotate(attempt=start.attempt)
-            await runner.announce(message, BatchOutcome.SUCCEEDED, self.worker)
+            await runner.announce(message, BatchOutcome.SUCCEEDED, self.worker, early_s)
             await runner.store_results(
                 message,
                 start,

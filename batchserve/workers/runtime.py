@@ -74,13 +74,18 @@ class WorkerRuntime:
                 # A suspect of crashing this process: let the results of the batches before
                 # it land first, so a crash costs no innocent batch its finished work.
                 self.drain()
-            output = None
-            if batch.ours:
+            output, early_s = None, None
+            if batch.ours and self.gate is not None:
                 # With standby processes the lease was taken while the slot's other process
                 # still ran its model: wait here for it to finish.
-                with self.gate.running() if self.gate is not None else contextlib.nullcontext():
+                with self.gate.turn() as turn:
+                    early_s = turn.early_s
                     output = batch.run_model()
-            future = asyncio.run_coroutine_threadsafe(batch.conclude(output), self.loop)
+            elif batch.ours:
+                output = batch.run_model()
+            future = asyncio.run_coroutine_threadsafe(
+                batch.conclude(output, early_s=early_s), self.loop
+            )
         self._pending.add(future)
         future.add_done_callback(self._finished)
 

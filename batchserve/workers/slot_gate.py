@@ -7,6 +7,12 @@ a second process per slot, the batch the batcher sends just before the running o
 to the idle process, which takes its lease at once and then waits here, at the slot's gate,
 for the running model to finish: the hand-over is a lock passing between two processes.
 
+Each turn tells how early its batch came: how long it waited at the gate for the running
+model (positive), or how long the slot had stood idle when it came (negative: late). The
+releasing process writes the moment it left (``CLOCK_MONOTONIC``, one clock for every process
+of the host) into the slot's file. The batcher learns from these how early to send a batch
+(``batchserve/batching/timeline.py``: ``LeadTuner``).
+
 The gate is a set of ``flock`` locks on files in a directory of the worker's own, one per
 slot. A process that dies holding one (a batch that kills its process) releases it with its
 last file descriptor, so a crash never wedges a slot. The files are opened in each process
@@ -19,11 +25,22 @@ import contextlib
 import errno
 import fcntl
 import os
+import struct
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 POLL_S = 0.0005
+_STAMP = struct.Struct("<d")
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    slot: int
+    # How long the holder waited for the slot (positive), or minus how long the slot had
+    # been free when it came; None for a slot never released before.
+    early_s: float | None
 
 
 class SlotGate:
@@ -59,39 +76,69 @@ class SlotGate:
 
     def acquire(self) -> int:
         """Block until a slot is free and hold it; returns its number."""
+        return self.take().slot
+
+    def take(self) -> Turn:
+        """Block until a slot is free and hold it; the slot, and how early this came."""
         fds = self._open()
+        asked = time.monotonic()
+        slot, waited = self._lock_one(fds)
+        now = time.monotonic()
+        if waited:
+            return Turn(slot, now - asked)
+        released = _read_stamp(fds[slot])
+        return Turn(slot, None if released is None else min(0.0, released - now))
+
+    def _lock_one(self, fds: list[int]) -> tuple[int, bool]:
+        """A slot's lock, and whether it had to wait for it."""
         if len(fds) == 1:
+            if _try_lock(fds[0]):
+                return 0, False
             fcntl.flock(fds[0], fcntl.LOCK_EX)  # the kernel wakes the waiter at the release
-            return 0
+            return 0, True
         # Several slots: one waiter at a time polls them (the others queue on a lock), so a
         # freed slot goes to the process that has waited longest, and only one process polls.
         assert self._queue_fd is not None
         fcntl.flock(self._queue_fd, fcntl.LOCK_EX)
         try:
+            waited = False
             while True:
                 for n, fd in enumerate(fds):
                     if _try_lock(fd):
-                        return n
+                        return n, waited
+                waited = True
                 time.sleep(POLL_S)
         finally:
             fcntl.flock(self._queue_fd, fcntl.LOCK_UN)
 
     def release(self, slot: int) -> None:
-        fcntl.flock(self._open()[slot], fcntl.LOCK_UN)
+        fd = self._open()[slot]
+        os.pwrite(fd, _STAMP.pack(time.monotonic()), 0)
+        fcntl.flock(fd, fcntl.LOCK_UN)
 
     @contextlib.contextmanager
     def running(self) -> Iterator[int]:
-        slot = self.acquire()
+        with self.turn() as turn:
+            yield turn.slot
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[Turn]:
+        turn = self.take()
         try:
-            yield slot
+            yield turn
         finally:
-            self.release(slot)
+            self.release(turn.slot)
 
     def close(self) -> None:
         for fd in [*(self._fds or ()), *([self._queue_fd] if self._queue_fd is not None else [])]:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._fds, self._queue_fd = None, None
+
+
+def _read_stamp(fd: int) -> float | None:
+    data = os.pread(fd, _STAMP.size, 0)
+    return _STAMP.unpack(data)[0] if len(data) == _STAMP.size else None
 
 
 def _try_lock(fd: int) -> bool:

@@ -323,6 +323,52 @@ async def test_a_learned_batch_time_is_scheduled_for_batch_models(tmp_path: Path
     assert abs(learned.batch_s(_shape(4)) - 0.5) < 0.01
 
 
+async def test_the_pipeline_lead_is_learned_from_how_early_batches_come(tmp_path: Path) -> None:
+    """Each batch sent behind a running one says how early it came to its slot; the batcher
+    sends the next one that much later (or earlier, when they come late), and a batch sent to
+    an idle slot, where coming 'late' means nothing, tunes nothing."""
+    rig = Rig(tmp_path, ECHO)
+    rig.slots.register(ECHO.name, "w1", 1, float("inf"))
+    await rig.start()
+    assert rig.batcher.slots.lead_s == BatcherConfig().pipeline_lead_s == 0.03
+
+    async def next_batch() -> tuple[str, float]:
+        """Requests wait; the next batch leaves exactly ``lead`` before the running one's
+        expected end, not a millisecond sooner; returns it and the lead it left with."""
+        await rig.arrive(4)
+        free_at = rig.batcher.slots.next_free_at(rig.clock())
+        assert free_at is not None
+        sent = len(rig.sent.messages)
+        rig.clock.now = free_at - 0.0005
+        await rig.decide()
+        assert len(rig.sent.messages) == sent
+        rig.clock.now = free_at
+        await rig.decide()
+        assert len(rig.sent.messages) == sent + 1
+        return rig.sent.messages[-1].batch_id, rig.batcher.slots.lead_s
+
+    await rig.arrive(4)
+    await rig.decide()  # to the idle slot
+    running = rig.sent.messages[-1].batch_id
+    behind, lead = await next_batch()
+    # The first batch's slot stood idle for long before it came: that is no lateness.
+    rig.batcher.on_event(_closed(ECHO.name, running, early_s=-5.0))
+    assert rig.batcher.slots.lead_s == lead == 0.03
+    leads = []
+    for _ in range(60):  # each batch sent behind another came 15 ms early
+        following, lead = await next_batch()
+        leads.append(lead)
+        rig.clock.advance(0.005)
+        rig.batcher.on_event(_closed(ECHO.name, behind, early_s=0.015))
+        behind = following
+    assert leads == sorted(leads, reverse=True) and leads[-1] < 0.03 - 0.01
+    # Late ones push it back up, faster than early ones bring it down.
+    before = rig.batcher.slots.lead_s
+    rig.batcher.on_event(_closed(ECHO.name, behind, early_s=-0.004))
+    assert rig.batcher.slots.lead_s > before + 0.0015
+    assert rig.batcher.lead.late == 1 and rig.batcher.lead.early == 60
+
+
 async def test_a_batch_that_could_not_be_handed_over_is_requeued_and_published_once(
     tmp_path: Path,
 ) -> None:
@@ -369,8 +415,8 @@ def _timings(model_s: float) -> Timings:
     return Timings(1.0, 1.0, model_s * 1000.0, model_s * 1000.0 + 2.0)
 
 
-def _closed(model: str, batch_id: str) -> BatchClosed:
-    return BatchClosed(model=model, batch_id=batch_id, outcome="succeeded")
+def _closed(model: str, batch_id: str, *, early_s: float | None = None) -> BatchClosed:
+    return BatchClosed(model=model, batch_id=batch_id, outcome="succeeded", early_s=early_s)
 
 
 def _shape(size: int) -> BatchShape:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from batchserve.workers.slot_gate import SlotGate
+from batchserve.workers.slot_gate import SlotGate, Turn
 
 ctx = multiprocessing.get_context("fork")
 
@@ -75,3 +77,35 @@ def test_several_slots_admit_that_many_processes_at_once(tmp_path: Path) -> None
     for process, _, _ in holders:
         process.join(5)
         assert process.exitcode == 0
+
+
+def test_a_turn_tells_how_early_its_batch_came(tmp_path: Path) -> None:
+    """Waiting for the running model is coming early (positive); a slot that stood free is
+    coming late by as long (negative); a slot never given back tells nothing."""
+    gate = SlotGate.create(tmp_path, 1)
+    other = SlotGate(tmp_path, 1)  # another process's: its own open file, its own lock
+    with gate.turn() as first:
+        assert first.slot == 0 and first.early_s is None
+        waiting: list[Turn] = []
+        taker = threading.Thread(target=lambda: waiting.append(other.take()))
+        taker.start()
+        time.sleep(0.2)
+    taker.join(5)
+    assert 0.15 <= (waiting[0].early_s or 0.0) < 5.0
+    other.release(waiting[0].slot)
+    time.sleep(0.1)
+    with gate.turn() as late:
+        assert late.early_s is not None and -5.0 < late.early_s <= -0.09
+
+
+def test_a_turn_at_one_of_several_slots_tells_the_same(tmp_path: Path) -> None:
+    gate, other = SlotGate.create(tmp_path, 2), SlotGate(tmp_path, 2)
+    first, second = gate.take(), SlotGate(tmp_path, 2).take()
+    assert {first.slot, second.slot} == {0, 1}
+    waiting: list[Turn] = []
+    taker = threading.Thread(target=lambda: waiting.append(other.take()))
+    taker.start()
+    time.sleep(0.2)
+    gate.release(first.slot)
+    taker.join(5)
+    assert waiting[0].slot == first.slot and 0.15 <= (waiting[0].early_s or 0.0) < 5.0

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import random
 import uuid
 
-from batchserve.batching.timeline import SlotTimeline
+from batchserve.batching.timeline import LeadTuner, SlotTimeline
 
 
 def ids(n: int) -> list[uuid.UUID]:
@@ -86,3 +87,26 @@ def test_a_batch_placed_twice_keeps_one_slot() -> None:
     assert timeline.release(a, 0.1, next_run_s=0.1)
     assert timeline.release(b, 0.15)
     assert timeline.free_slots(0.15) == 1  # b's slot is idle
+
+
+def test_the_lead_settles_where_one_batch_in_ten_comes_late() -> None:
+    """Hand-overs of 12 ms give or take 3 (normal): the lead settles near their 90th
+    percentile (15.8 ms), from above and from below, and stays within its bounds."""
+    rng = random.Random(7)
+    for start in (0.03, 0.005):
+        tuner = LeadTuner(start, late_share=0.1, step_s=0.0005)
+        late = 0
+        for n in range(6000):
+            hand_over = rng.gauss(0.012, 0.003)
+            came_late = tuner.lead_s < hand_over
+            tuner.observe(tuner.lead_s - hand_over)
+            late += came_late and n >= 3000
+        assert abs(tuner.lead_s - 0.0158) < 0.002
+        assert 0.06 < late / 3000 < 0.14
+    bounded = LeadTuner(0.03, min_s=0.01, max_s=0.05)
+    for _ in range(1000):
+        bounded.observe(1.0)
+    assert bounded.lead_s == 0.01
+    for _ in range(1000):
+        bounded.observe(-1.0)
+    assert bounded.lead_s == 0.05
