@@ -194,18 +194,40 @@ def summary(
         for run in (ingest_before, ingest)
     ]
     return f"""
-Now against before, one run each: the worst gap to the baseline at 30 and 100/s fell from
-+{was50:.1f} to +{p50:.1f} ms at p50 and from +{was99:.1f} to +{p99:.1f} ms at p99, still
-{p50 / 10.0:.1f} times the goal; the long-poll path served at best {served["longpoll"]} of the
-ideal ({served_was["longpoll"]} before) and the synchronous one {served["sync"]}
-({served_was["sync"]}), while the in-process baseline served {served["baseline"]}; the roles' CPU
-a request at 100/s fell from {cpu_was[0]} to {cpu[0]} ms (long-poll) and from {cpu_was[1]} to
-{cpu[1]} ms (synchronous), still {min(cpu):.0f}-{max(cpu):.0f} times the goal; single submits
-kept p99 within 50 ms up to {ingest_ok(ingest)} ({ingest_ok(ingest_before)} before; p99 at
-500/s {at_500[0]} ms before, {at_500[1]} ms now). The seeds' deployment (4 slots × 32,
-1,000/s offered) was not run: it needs goal 3 first, and an API process on this machine does
-not yet take 1,000 submits a second.
+Now against before, one run each: the worst gap to the baseline at 30 and 100/s {moved(was50, p50)}
++{was50:.1f} to +{p50:.1f} ms at p50 and {moved(was99, p99)} +{was99:.1f} to +{p99:.1f} ms at
+p99, {p50 / 10.0:.1f} times the goal; the long-poll path served at best {served["longpoll"]} of
+the ideal ({served_was["longpoll"]} before) and the synchronous one {served["sync"]}
+({served_was["sync"]}), while the in-process baseline served {served["baseline"]}; the roles'
+CPU a request at 100/s {moved(cpu_was[0], cpu[0])} {cpu_was[0]} to {cpu[0]} ms (long-poll) and
+{moved(cpu_was[1], cpu[1])} {cpu_was[1]} to {cpu[1]} ms (synchronous), {min(cpu):.0f}-{max(cpu):.0f}
+times the goal; single submits kept p99 within 50 ms up to {ingest_ok(ingest)}
+({ingest_ok(ingest_before)} before; p99 at 500/s {at_500[0]} ms before, {at_500[1]} ms now). The
+seeds' deployment (4 slots × 32, 1,000/s offered) was not run: it needs goal 3 first, and an
+API process on this machine does not yet take 1,000 submits a second. One run each is a coarse
+comparison on this machine: see the alternating runs in section 3 below for how far runs of
+nearly the same code spread.
 """
+
+
+def moved(before: float, now: float) -> str:
+    return "fell from" if now < before else "rose from" if now > before else "stayed at"
+
+
+def uvloop_table(doc: dict[str, Any]) -> str:
+    rows = []
+    for run in doc["runs"]:
+        row: list[Any] = [run["order"], run["loop"]]
+        for rate in (100.0, 300.0):
+            for path in ("longpoll", "sync"):
+                r = next(
+                    x for x in run["results"] if x["offered_rps"] == rate and x["path"] == path
+                )
+                row.append(f"{r['cpu_ms_per_request']['api']:.2f} / {r['p50_ms']}")
+        rows.append(row)
+    header = ["run", "API's loop"]
+    header += [f"{path} at {rate}/s" for rate in (100, 300) for path in ("longpoll", "sync")]
+    return table(header, rows)
 
 
 def stages_table(now: dict[str, Any], before: dict[str, Any]) -> str:
@@ -245,6 +267,7 @@ def main() -> None:
     print(stages_table(load("frontdoor-overhead.json"), load("frontdoor-overhead-before.json")))
     saturation = load("frontdoor-saturation.json")["results"][0]
     print(SATURATION.format(ratio=saturation["ratio_to_ideal"], drain=saturation["drain_rps"]))
+    print(uvloop_table(load("frontdoor-uvloop-ab.json")))
     print(PROFILES)
     print(EARLIER)
 
@@ -276,8 +299,8 @@ processes' CPU from `/proc` between a round's start and end: the benchmark runs 
 run below every request on every path was answered, with its own answer, and none refused.
 
 The runs: on this session's machine (AMD EPYC, 2 cores, the load generator on the same cores),
-2026-12-04, back to back: **before** is the landed main (bdb09eb), **now** the same commands
-after the two changes described below. Each figure moves between runs on a shared machine (the
+2026-12-04, within half an hour of each other: **before** is the landed main (bdb09eb), **now**
+the same commands after the three changes described below. Each figure moves between runs on a shared machine (the
 CPU a request by up to a third at 100/s in alternating runs of the same code): compare within a
 pair of runs, not across days.
 
@@ -344,6 +367,17 @@ A lead too short would idle the slot between batches: a backlog still drains at 
 ideal ({drain} requests/s; `batchserve bench --scenario saturation --workers 2 --batch 16
 --variants adaptive --backlog-s 10 --http-load 0 --json`,
 [frontdoor-saturation.json](frontdoor-saturation.json)).
+
+### 3. The API runs on uvloop, as every other role does
+
+Since its ops listener moved to a port of its own the API started its server with
+`asyncio.run`, the standard event loop, where the batcher, maintenance, workers and `serve` run
+on uvloop through `batchserve.core.loops`; in its flame graph before, the loop's own frames
+(`asyncio/selector_events.py`, `base_events.py`) are a block of their own. `batchserve api` now
+runs through `loops.run` too (`tests/unit/test_role_loops.py`), with the same GIL switch
+interval as the others. It bought nothing measurable: four alternating runs, standard loop and
+uvloop ([frontdoor-uvloop-ab.json](frontdoor-uvloop-ab.json)), the API's CPU ms a request / p50
+ms:
 """
 
 PROFILES = """

@@ -131,6 +131,6 @@ def run_api(settings: Settings, host: str, port: int) -> None:
     from batchserve.api.main import create_app
     from batchserve.api.server import serve_api
 
-    # On uvloop, as every other role: on the standard loop the API spent a fifth of its CPU in
-    # the loop itself (py-spy, docs/frontdoor.md).
+    # On the services' loop (uvloop, the short GIL switch), as every other role; against the
+    # standard loop it measured the same (docs/frontdoor.md).
     loops.run(serve_api(create_app(settings), settings, host, port, timeout_graceful_shutdown=10))
