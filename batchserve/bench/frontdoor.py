@@ -46,6 +46,11 @@ PATHS = ("baseline", "longpoll", "sync")
 GOAL_RATES = (30.0, 100.0)
 GOAL_P50_MS = 10.0
 GOAL_P99_MS = 30.0
+# Open loop means no caller waits for another's connection: aiohttp's pool is unbounded here (0).
+# With the generator's usual 256, a long-polled request holds one until its answer, so past
+# capacity, where answers take seconds, sends queued behind answers and served/s fell to
+# 256 / latency: the generator's limit, not the service's.
+OPEN_LOOP_CONNECTIONS = 0
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
 
 
@@ -170,6 +175,7 @@ async def _round(
         path="/v1/chat/completions" if path == "sync" else "/v1/requests",
         headers=None if path == "baseline" else deployment.headers,
         on_accepted=long_poll if path == "longpoll" else None,
+        connections=OPEN_LOOP_CONNECTIONS,
     )
     after, servers_after = cpu(), server_cpu_s()
     latencies: list[float] = []

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+from aiohttp import web
+
 from batchserve.bench.baseline import InProcessBatcher
-from batchserve.bench.frontdoor import judge
+from batchserve.bench.frontdoor import OPEN_LOOP_CONNECTIONS, judge
+from batchserve.bench.loadgen import open_loop
+from batchserve.testing.deployment import free_port
 
 
 async def test_the_baseline_batches_what_waits_and_answers_each_caller_its_own() -> None:
@@ -54,3 +58,37 @@ def test_each_path_is_judged_against_the_baseline_at_its_own_rate() -> None:
     ]
     assert verdict["latency"][0]["p50_over_baseline_ms"] == 8.0
     assert verdict["served_vs_ideal"] == {"baseline": 0.906, "longpoll": 0.781, "sync": 0.094}
+
+
+async def test_the_front_door_load_is_open_loop_past_any_connection_count() -> None:
+    """400 requests sent in 0.4 s to a server that answers each after a second are all in
+    flight at once: no send waits for an earlier caller's connection (with the generator's
+    default of 256 connections, 144 of them would)."""
+    in_flight = peak = 0
+
+    async def slow(request: web.Request) -> web.Response:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(1.0)
+        in_flight -= 1
+        return web.json_response({"id": "x"}, status=202)
+
+    app = web.Application()
+    app.router.add_post("/v1/requests", slow)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        schedule = [n / 1000.0 for n in range(400)]
+        result = await open_loop(
+            f"http://127.0.0.1:{port}",
+            schedule,
+            lambda n: {"n": n},
+            connections=OPEN_LOOP_CONNECTIONS,
+        )
+    finally:
+        await runner.cleanup()
+    assert len(result.accepted) == 400 and result.errors == 0
+    assert peak > 256
