@@ -47,9 +47,8 @@ GOAL_RATES = (30.0, 100.0)
 GOAL_P50_MS = 10.0
 GOAL_P99_MS = 30.0
 # Open loop means no caller waits for another's connection: aiohttp's pool is unbounded here (0).
-# With the generator's usual 256, a long-polled request holds one until its answer, so past
-# capacity, where answers take seconds, sends queued behind answers and served/s fell to
-# 256 / latency: the generator's limit, not the service's.
+# The generator's usual 256 held sends back past capacity (a long-poll keeps its connection until
+# its answer), so the service was offered less than the rate said (docs/frontdoor.md).
 OPEN_LOOP_CONNECTIONS = 0
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
 
