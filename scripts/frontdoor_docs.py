@@ -409,9 +409,11 @@ docs/profile-frontdoor-api.svg`, and `--profile worker`; py-spy at 100 Hz), befo
 ## What is left
 
 **The long-poll path collapses past its knee.** Offered 300/s in the strict open loop, it
-served {collapse} (p50 {collapse_p50} ms) in the run above while the synchronous path kept up,
-and the roles' CPU stayed under a core: not the CPU, and not diagnosed this session. With the
-generator's old 256-connection pool throttling the callers, the same code served {capped}.
+served {collapse} (p50 {collapse_p50} ms) in the run above while the synchronous path kept up.
+The roles' CPU stayed under a core, but the load generator, now holding a connection for every
+caller still waiting, shares the same two cores and its CPU is not measured: the cause is not
+diagnosed this session. With the generator's old 256-connection pool throttling the callers,
+the same code served {capped}.
 
 The API is still most of the roles' CPU (the table above): FastAPI's routing, dependencies and
 validation, the four ASGI middlewares, uvicorn's protocol and the long-poll's wake-up, in its
