@@ -3,9 +3,9 @@
 Beside the SQLAlchemy engine, Postgres deployments get :class:`Statements`: psycopg's own
 connection pool, in autocommit, for the few single statements every request pays for (its
 admission, its reads). Through SQLAlchemy's async engine one read of a request by its id cost
-0.63 ms of the caller's CPU (the checkout, the switch to autocommit and back, the greenlet
-hop, compiling and processing), through this pool 0.17 ms (``bench --scenario frontdoor``
-and docs/frontdoor.md).
+0.595 ms of the caller's CPU (the checkout, the switch to autocommit and back, the greenlet
+hop, compiling and processing), through this pool 0.183 ms (``scripts/bench_statements.py``,
+recorded in docs/frontdoor-statements.json).
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class Statements:
             kwargs={"autocommit": True, "connect_timeout": 5, "application_name": "batchserve"},
             open=False,
         )
-        self._opening: asyncio.Lock | None = None
+        self._opening = asyncio.Lock()
         self._opened = False
         self._checking: asyncio.Task[None] | None = None
 
@@ -164,8 +164,6 @@ class Statements:
             raise Unavailable(f"database unreachable: {error}", component="database") from error
 
     async def _open(self) -> None:
-        if self._opening is None:
-            self._opening = asyncio.Lock()
         async with self._opening:
             if not self._opened:
                 await self._pool.open(wait=False)

@@ -74,10 +74,6 @@ class SlotGate:
             self._queue_fd = os.open(self.directory / "queue", os.O_RDWR)
         return self._fds
 
-    def acquire(self) -> int:
-        """Block until a slot is free and hold it; returns its number."""
-        return self.take().slot
-
     def take(self) -> Turn:
         """Block until a slot is free and hold it; the slot, and how early this came."""
         fds = self._open()
@@ -115,11 +111,6 @@ class SlotGate:
         fd = self._open()[slot]
         os.pwrite(fd, _STAMP.pack(time.monotonic()), 0)
         fcntl.flock(fd, fcntl.LOCK_UN)
-
-    @contextlib.contextmanager
-    def running(self) -> Iterator[int]:
-        with self.turn() as turn:
-            yield turn.slot
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[Turn]:

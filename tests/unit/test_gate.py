@@ -16,11 +16,11 @@ ctx = multiprocessing.get_context("fork")
 
 
 def _hold(gate: SlotGate, entered: Any, leave: Any, log: Any, name: str) -> None:
-    with gate.running() as slot:
-        log.put((name, "in", slot))
+    with gate.turn() as turn:
+        log.put((name, "in", turn.slot))
         entered.set()
         leave.wait(10)
-        log.put((name, "out", slot))
+        log.put((name, "out", turn.slot))
 
 
 def _spawn(gate: SlotGate, name: str, log: Any) -> tuple[Any, Any, Any]:

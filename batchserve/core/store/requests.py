@@ -386,40 +386,37 @@ def _new_record(cmd: SubmitCommand) -> RequestRecord:
 _UNNEST_INSERT_COLUMNS = [(name, pg_type(requests_t.c[name])) for name in COMMAND_COLUMNS]
 
 
-def _insert_unnest(param: str) -> str:
-    """The admission INSERT, with each column's array parameter written as ``param``
-    formats its name (SQLAlchemy's ``:name`` or psycopg's ``%(name)s``)."""
+def _insert(values: str) -> str:
+    """The admission INSERT of the rows ``values`` gives (a ``SELECT`` or ``VALUES`` clause)."""
     return (
         "INSERT INTO requests ("
         + ", ".join(name for name, _ in _UNNEST_INSERT_COLUMNS)
-        + ") SELECT * FROM unnest("
-        + ", ".join(
-            f"CAST({param.format(name)} AS {kind}[])" for name, kind in _UNNEST_INSERT_COLUMNS
-        )
-        + ") ON CONFLICT (tenant, idempotency_key) DO NOTHING RETURNING id"
+        + f") {values} ON CONFLICT (tenant, idempotency_key) DO NOTHING RETURNING id"
     )
 
 
-_INSERT_UNNEST_PG = text(_insert_unnest(":{}"))
-_INSERT_UNNEST_PSYCOPG = _insert_unnest("%({})s")
+def _unnest(param: str) -> str:
+    """Every command's rows from one array per column, each parameter written as ``param``
+    formats its name (SQLAlchemy's ``:name`` or psycopg's ``%(name)s``)."""
+    arrays = (f"CAST({param.format(name)} AS {kind}[])" for name, kind in _UNNEST_INSERT_COLUMNS)
+    return "SELECT * FROM unnest(" + ", ".join(arrays) + ")"
+
+
+_INSERT_UNNEST_PG = text(_insert(_unnest(":{}")))
+_INSERT_UNNEST_PSYCOPG = _insert(_unnest("%({})s"))
+_INSERT_ONE_PSYCOPG = _insert(
+    "VALUES (" + ", ".join(f"%({name})s" for name, _ in _UNNEST_INSERT_COLUMNS) + ")"
+)
 
 
 def _unnest_columns(commands: Sequence[SubmitCommand]) -> dict[str, list[Any]]:
     """The admission INSERT's parameters: one array per column, a value per command."""
-    rows = [command_row(c) for c in commands]
-    return {name: [pg_value(name, row[name]) for row in rows] for name, _ in _UNNEST_INSERT_COLUMNS}
-
-
-_INSERT_ONE_PSYCOPG = (
-    "INSERT INTO requests ("
-    + ", ".join(name for name, _ in _UNNEST_INSERT_COLUMNS)
-    + ") VALUES ("
-    + ", ".join(f"%({name})s" for name, _ in _UNNEST_INSERT_COLUMNS)
-    + ") ON CONFLICT (tenant, idempotency_key) DO NOTHING RETURNING id"
-)
+    rows = [_one_row(c) for c in commands]
+    return {name: [row[name] for row in rows] for name, _ in _UNNEST_INSERT_COLUMNS}
 
 
 def _one_row(command: SubmitCommand) -> dict[str, Any]:
+    """One command's row as psycopg sends it (JSON wrapped as jsonb)."""
     row = command_row(command)
     return {name: pg_value(name, row[name]) for name, _ in _UNNEST_INSERT_COLUMNS}
 
