@@ -4,16 +4,19 @@ Each model has two durable quorum queues, ``requests.<model>`` (interactive) and
 ``requests.<model>.bulk``, with a single active consumer each: the active batcher. Messages carry
 request ids and the few fields the batcher decides on; Postgres holds everything else.
 
-An interactive message carries one request. A bulk message carries a pack of up to
-:data:`BULK_PACK` requests (a job's lines are published thousands at a time, and a confirmed
-message each was most of a job's ingest time); the batcher holds a pack's requests one by one
-and the pack is acked once every one of them is settled.
+A message carries the requests of one publish to one queue: one request, or a pack of up to
+:data:`INTERACTIVE_PACK` interactive or :data:`BULK_PACK` bulk requests. A confirmed message
+each was most of a job's ingest time, and under interactive load most of the broker's CPU and
+the admission's publish time (the API publishes each group commit's requests at once); the
+batcher holds a pack's requests one by one and the pack is acked once every one of them is
+settled.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
@@ -36,6 +39,11 @@ log = get_logger("batchserve.broker")
 # Requests a bulk message carries at most. The batcher's bulk prefetch is counted in requests
 # and turned into packs, so a pack should be small against it (a quarter of 256 by default).
 BULK_PACK = 64
+# Requests an interactive message carries at most. The interactive prefetch stays counted in
+# messages (at low load each carries one request, and the batcher must still hold several
+# batches' worth), so the batcher holds at most prefetch x INTERACTIVE_PACK requests; a pack
+# is settled once its last member is claimed, and its members came in together.
+INTERACTIVE_PACK = 16
 
 QUEUE_ARGUMENTS: dict[str, Any] = {
     "x-queue-type": "quorum",
@@ -180,8 +188,13 @@ class _PackDelivery(Delivery):
 
 
 def pack_prefetch(lane: Lane, prefetch: int) -> int:
-    """The channel prefetch, in messages, that holds about ``prefetch`` requests."""
+    """The channel prefetch, in messages: the interactive one as given, the bulk one holding
+    about ``prefetch`` requests."""
     return prefetch if lane is Lane.INTERACTIVE else max(1, -(-prefetch // BULK_PACK))
+
+
+def pack_size(lane: Lane) -> int:
+    return INTERACTIVE_PACK if lane is Lane.INTERACTIVE else BULK_PACK
 
 
 class RabbitRequestQueue(RequestQueue):
@@ -193,6 +206,8 @@ class RabbitRequestQueue(RequestQueue):
         self._publish_channel: AbstractChannel | None = None
         self._declared: set[str] = set()
         self._consumers: dict[str, list[tuple[AbstractQueue, str]]] = {}
+        # Per interactive queue consumed here, the requests a message carried (moving mean).
+        self._members_seen: dict[str, float] = {}
         self._lock = asyncio.Lock()
         self._channel_lock = asyncio.Lock()
 
@@ -259,19 +274,19 @@ class RabbitRequestQueue(RequestQueue):
             raise Unavailable(f"broker publish failed: {error!r}", component="broker") from error
 
     def _bodies(self, messages: Sequence[QueueMessage]) -> Iterator[tuple[str, str, bytes]]:
-        """(routing key, first request id, body) of each AMQP message: one per interactive
-        request, one per pack of up to ``BULK_PACK`` bulk requests of the same queue."""
-        packs: dict[str, list[QueueMessage]] = {}
+        """(routing key, first request id, body) of each AMQP message: the requests of each
+        queue in packs of up to its lane's :func:`pack_size`, a lone request as itself."""
+        packs: dict[tuple[str, Lane], list[QueueMessage]] = {}
         for m in messages:
-            name = requests_queue_name(self._prefix, m.model, m.lane)
-            if m.lane is Lane.INTERACTIVE:
-                yield name, m.id, m.encode()
-            else:
-                packs.setdefault(name, []).append(m)
-        for name, members in packs.items():
-            for first in range(0, len(members), BULK_PACK):
-                pack = members[first : first + BULK_PACK]
-                yield name, pack[0].id, QueueMessage.encode_pack(pack)
+            packs.setdefault(
+                (requests_queue_name(self._prefix, m.model, m.lane), m.lane), []
+            ).append(m)
+        for (name, lane), members in packs.items():
+            size = pack_size(lane)
+            for first in range(0, len(members), size):
+                pack = members[first : first + size]
+                body = pack[0].encode() if len(pack) == 1 else QueueMessage.encode_pack(pack)
+                yield name, pack[0].id, body
 
     async def consume(self, model: str, lane: Lane, handler: Handler, prefetch: int) -> None:
         """``prefetch``: about how many requests this consumer holds unsettled at most."""
@@ -290,6 +305,9 @@ class RabbitRequestQueue(RequestQueue):
                 log.error("malformed_request_message", queue=name, body=repr(incoming.body[:200]))
                 await incoming.reject(requeue=False)
                 return
+            if lane is Lane.INTERACTIVE:  # interactive packs vary: count them as they come
+                seen = self._members_seen.get(name, 1.0)
+                self._members_seen[name] = seen + (len(messages) - seen) * 0.05
             single = _RabbitDelivery(incoming)
             delivery = single if len(messages) == 1 else _PackDelivery(single, len(messages))
             for message in messages:
@@ -311,8 +329,11 @@ class RabbitRequestQueue(RequestQueue):
             name = requests_queue_name(self._prefix, model, lane)
             queue = await channel.declare_queue(name, durable=True, arguments=QUEUE_ARGUMENTS)
             messages = int(queue.declaration_result.message_count or 0)
+            if lane is Lane.INTERACTIVE:
+                # As many requests a message as the ones this consumer took lately carried.
+                return math.ceil(messages * self._members_seen.get(name, 1.0))
             # Bulk messages are packs: count them full (an upper bound; most are).
-            return messages if lane is Lane.INTERACTIVE else messages * BULK_PACK
+            return messages * BULK_PACK
         except (Unavailable, AMQPError, OSError, RuntimeError):
             return None
 

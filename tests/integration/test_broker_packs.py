@@ -1,12 +1,19 @@
-"""The bulk lane's packs on the real broker: many requests a message, each delivered once, the
-message settled when its last request is, and all of it handed back by a release."""
+"""Packs on the real broker: many requests a message (bulk lines by the thousand, a group
+commit's interactive requests), each delivered once, the message settled when its last request
+is, and all of it handed back by a release."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from batchserve.core.broker import BULK_PACK, Delivery, RabbitRequestQueue, pack_prefetch
+from batchserve.core.broker import (
+    BULK_PACK,
+    INTERACTIVE_PACK,
+    Delivery,
+    RabbitRequestQueue,
+    pack_prefetch,
+)
 from batchserve.core.domain import Lane, QueueMessage
 from batchserve.core.ids import uuid7
 from batchserve.core.settings import Settings
@@ -96,11 +103,52 @@ async def test_bulk_requests_travel_in_packs_and_settle_with_their_last_member(
         await queue.close()
 
 
-async def test_interactive_requests_travel_one_a_message(settings: Settings) -> None:
+async def test_interactive_requests_published_together_travel_in_packs(
+    settings: Settings,
+) -> None:
+    """A group commit's requests are one message per INTERACTIVE_PACK of them (a lone request
+    its own message), each request delivered once with every field, and the pack settled
+    when its last member is; the consumer counts the queue's depth in requests by the packs
+    it has been taking."""
     queue = RabbitRequestQueue(settings.broker_url or "", settings.namespace)
+    consumer = RabbitRequestQueue(settings.broker_url or "", settings.namespace)
+    lone = message(Lane.INTERACTIVE, 0)
+    group = [message(Lane.INTERACTIVE, i) for i in range(2 * INTERACTIVE_PACK + 3)]
     try:
-        await queue.publish([message(Lane.INTERACTIVE, i) for i in range(3)])
-        assert await queue.depth(ECHO, Lane.INTERACTIVE) == 3
+        await queue.publish([lone])
+        await queue.publish(group)
+        assert await queue.depth(ECHO, Lane.INTERACTIVE) == 4  # messages: 1 + 3 packs
+        received: list[tuple[QueueMessage, Delivery]] = []
+
+        async def collect(m: QueueMessage, delivery: Delivery) -> None:
+            received.append((m, delivery))
+
+        await consumer.consume(ECHO, Lane.INTERACTIVE, collect, prefetch=1)
+        await until(lambda: len(received) == 1)
+        assert received[0][0] == lone
+        await received[0][1].ack()
+        await until(lambda: len(received) == 1 + INTERACTIVE_PACK)
+        first_pack = received[1:]
+        assert [m for m, _ in first_pack] == group[:INTERACTIVE_PACK]  # every field, in order
+        # Two packs still queued, counted as requests from the one it took.
+        assert 2 < (await consumer.depth(ECHO, Lane.INTERACTIVE) or 0) <= 2 * INTERACTIVE_PACK
+        for _, delivery in first_pack[:-1]:
+            await delivery.ack()
+        await asyncio.sleep(0.3)
+        assert len(received) == 1 + INTERACTIVE_PACK, "the pack was settled before its last"
+        await first_pack[-1][1].ack()
+        await until(lambda: len(received) == 1 + 2 * INTERACTIVE_PACK)
+        for _, delivery in received[1 + INTERACTIVE_PACK :]:
+            await delivery.ack()
+        await until(lambda: len(received) == 1 + len(group))
+        await asyncio.sleep(0.3)
+        assert len(received) == 1 + len(group)
+        assert [m for m, _ in received] == [lone, *group]
+        for _, delivery in received[1 + 2 * INTERACTIVE_PACK :]:
+            await delivery.ack()
+        await asyncio.sleep(0.3)
+        assert await queue.depth(ECHO, Lane.INTERACTIVE) == 0
     finally:
+        await consumer.close()
         await queue.delete_queues([ECHO])
         await queue.close()

@@ -103,10 +103,22 @@ async def test_the_admitter_commits_and_publishes_everything_it_took_before_stop
     await admitter.stop()
     admitted = await asyncio.gather(*submits)
     assert len({a.record.id for a in admitted}) == 50
-    # Published (so maintenance has nothing to republish) and on the broker.
+    # Published (so maintenance has nothing to republish) and on the broker, each once.
     assert await adapters.store.unpublished(time.time() + 60) == []
-    depth = await adapters.queue.depth(ECHO, Lane.INTERACTIVE)
-    assert depth == 50
+    received: list[str] = []
+
+    async def collect(message: QueueMessage, delivery: Delivery) -> None:
+        received.append(message.id)
+        await delivery.ack()
+
+    consumer = RabbitRequestQueue(settings.broker_url or "", settings.namespace)
+    try:
+        await consumer.consume(ECHO, Lane.INTERACTIVE, collect, prefetch=100)
+        await until(lambda: len(received) >= 50)
+        await asyncio.sleep(0.3)
+    finally:
+        await consumer.close()
+    assert sorted(received) == sorted(str(a.record.id) for a in admitted)
 
 
 class StuckQueue:
