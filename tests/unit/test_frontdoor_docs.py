@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from batchserve.core.broker import INTERACTIVE_PACK
+
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "frontdoor.md").read_text()
 PROSE = " ".join(DOC.split())
@@ -167,3 +169,51 @@ def test_the_collapse_past_the_knee_is_what_the_runs_show() -> None:
     ]
     assert min(capped) >= 0.95 * base["served_rps"]
     assert "**The long-poll path collapses past its knee.**" in DOC
+
+
+def test_packs_cut_the_ingest_latency_in_every_alternating_run() -> None:
+    doc = json.loads((ROOT / "docs" / "frontdoor-packs-ab.json").read_text())
+    runs = doc["ingest_runs"]
+    assert [r["messages"] for r in runs] == ["packs", "one a request"] * 2
+    for rate in (750.0, 1000.0):
+        for measure in ("p50_ms", "p99_ms"):
+
+            def figures(kind: str, rate: float = rate, measure: str = measure) -> list[float]:
+                return [
+                    next(s[measure] for s in r["steps"] if s["rate"] == rate)
+                    for r in runs
+                    if r["messages"] == kind
+                ]
+
+            assert max(figures("packs")) < min(figures("one a request")), (rate, measure)
+    api = [
+        next(s for s in r["steps"] if s["rate"] == 750.0)["cpu_ms_per_request"]["api"] for r in runs
+    ]
+    assert max(api) <= min(api) * 1.05  # the API's own CPU stayed the same
+    for r in runs:  # p99 within 50 ms only up to 500/s
+        assert [s["rate"] for s in r["steps"] if s["p99_ms"] <= 50.0] == [500.0]
+    assert "every run with packs had a lower p50 and a lower p99" in PROSE
+    assert "only up to 500/s of the rates tried" in PROSE
+
+
+def test_the_seeds_deployment_is_what_the_page_says() -> None:
+    doc = json.loads((ROOT / "docs" / "frontdoor-packs-ab.json").read_text())
+    with_packs, without = doc["seeds"]["packs"], doc["seeds"]["one a request"]
+    for run in (with_packs, without):
+        assert run["workers"] == 4 and run["max_batch_size"] == 32
+        by_path = {r["path"]: r for r in run["results"]}
+        assert by_path["baseline"]["answered"] == by_path["baseline"]["sent"]
+        assert all(r["refused"] == 0 and r["wrong"] == 0 for r in run["results"])
+    served = [r["served_rps"] for r in with_packs["results"] if r["path"] != "baseline"]
+    assert all(250 <= s <= 350 for s in served)  # "about 300/s"
+    assert with_packs["api_publishes_timed_out"] == 0 < without["api_publishes_timed_out"]
+    assert f"published {with_packs['published_by_maintenance']:,} requests" in PROSE
+    assert f"packs of up to {INTERACTIVE_PACK} a message" in PROSE
+
+
+def test_the_rerun_on_the_second_machine_did_not_collapse() -> None:
+    rerun = json.loads((ROOT / "docs" / "frontdoor-rerun.json").read_text())
+    at_300 = {r["path"]: r for r in rerun["results"] if r["offered_rps"] == 300.0}
+    assert at_300["longpoll"]["served_rps"] >= 0.95 * at_300["baseline"]["served_rps"]
+    assert all(r["answered"] == r["sent"] for r in rerun["results"])
+    assert "did not collapse" in PROSE
