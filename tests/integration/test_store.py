@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -21,12 +22,20 @@ from batchserve.core.domain import (
     RequestState,
     SubmitCommand,
     Timings,
+    from_epoch,
     utcnow,
 )
 from batchserve.core.errors import IdempotencyConflict, IdempotencyInProgress, InvalidTransition
 from batchserve.core.ids import uuid7
 from batchserve.core.migrate import upgrade
-from batchserve.core.store import Admission, ItemOutcome, JobStore, Reaped, advisory_key
+from batchserve.core.store import (
+    Admission,
+    ClaimedRequest,
+    ItemOutcome,
+    JobStore,
+    Reaped,
+    advisory_key,
+)
 
 S = RequestState
 TIMINGS = Timings(1.0, 1.0, 100.0, 102.0)
@@ -78,17 +87,27 @@ async def submit(store: JobStore, *commands: SubmitCommand) -> list[str]:
 
 async def claim(store: JobStore, ids: list[str], now: float | None = None) -> uuid.UUID:
     batch_id = uuid7()
-    now = now or time.time()
-    claimed = await store.claim_batch(
+    assert await claim_as(store, batch_id, ids, now or time.time())
+    return batch_id
+
+
+async def claim_as(
+    store: JobStore,
+    batch_id: uuid.UUID,
+    ids: list[str],
+    now: float,
+    estimated_s: float = 0.1,
+    group: str | None = None,
+) -> list[ClaimedRequest]:
+    return await store.claim_batch(
         batch_id=batch_id,
         model="echo-100ms",
         request_ids=ids,
         now=now,
-        estimated_s=0.1,
+        estimated_s=estimated_s,
         lease_until=now + 5,
+        isolation_group=group,
     )
-    assert claimed
-    return batch_id
 
 
 def ok(request_id: str, text: str = "out") -> ItemOutcome:
@@ -136,6 +155,65 @@ async def test_the_statement_pool_writes_and_reads_what_the_engine_does(database
         # A second admission of the same id is refused by the table, as through the engine.
         with pytest.raises(psycopg.errors.UniqueViolation):
             await fast.submit([one])
+    finally:
+        await statements.close()
+        await engine.dispose()
+
+
+async def test_the_statement_pool_claims_and_leases_as_the_engine_does(database_url: str) -> None:
+    """The batch's claim and its lease, one statement each through psycopg's pool, against the
+    same through SQLAlchemy: the same members handed over, the same rows written, the same
+    start; a request no longer queued is left alone, and a claim of none writes no batch."""
+    engine = create_engine(database_url, pool_size=2)
+    statements = Statements(database_url, size=2)
+    fast, plain = JobStore(engine, statements=statements), JobStore(engine)
+
+    async def claim_and_start(store: JobStore, tag: str) -> tuple[list[Any], Any, Any, Any]:
+        messages = dataclasses.replace(
+            command(f"{tag} m"), input=None, messages=[{"role": "user", "content": "hé"}]
+        )
+        ids = await submit(store, command(f"{tag} a"), messages, command(f"{tag} c"))
+        await store.cancel(uuid.UUID(ids[2]), "t1")
+        batch_id, now = uuid7(), time.time()
+        claimed = await claim_as(store, batch_id, ids, now, estimated_s=0.25, group="g1")
+        claimed.sort(key=lambda c: ids.index(c.id))  # in no order of the claim's own
+        assert [c.id for c in claimed] == ids[:2]
+        # Nothing queued any more: no second batch.
+        assert await claim_as(store, uuid7(), ids, now) == []
+        start = await store.start_batch(batch_id, "w1", now, 2.0)
+        assert start is not None and not isinstance(start, Reaped)
+        assert start.live_ids == frozenset(ids[:2]) and start.isolating
+        assert await store.start_batch(batch_id, "w2", now, 2.0) is None  # held by w1
+        with psycopg.connect(database_url.replace("+psycopg", "")) as conn:
+            batch = conn.execute(
+                "SELECT model, size, attempt, worker, isolation_group, estimated_ms,"
+                " dispatched_at = %s, lease_expires_at > dispatched_at FROM batches"
+                " WHERE id = %s",
+                (from_epoch(now), batch_id),
+            ).fetchall()
+            rows = conn.execute(
+                "SELECT state, attempts, batch_id = %s FROM requests WHERE id = ANY(%s)"
+                " ORDER BY created_at, id",
+                (batch_id, [uuid.UUID(i) for i in ids]),
+            ).fetchall()
+            batches = conn.execute("SELECT count(*) FROM batches").fetchone()
+        shown = [dataclasses.replace(c, id="", created_at=0.0) for c in claimed]
+        return shown, batch, rows, (start.attempt, batches)
+
+    try:
+        through_engine = await claim_and_start(plain, "engine")
+        through_pool = await claim_and_start(fast, "pool")
+        assert through_pool[0] == [
+            dataclasses.replace(c, input=c.input and c.input.replace("engine", "pool"))
+            for c in through_engine[0]
+        ]
+        assert (
+            through_pool[1]
+            == through_engine[1]
+            == [("echo-100ms", 2, 1, "w1", "g1", 250.0, True, True)]
+        )
+        assert through_pool[2] == through_engine[2]
+        assert through_pool[3][0] == through_engine[3][0] == 1
     finally:
         await statements.close()
         await engine.dispose()

@@ -108,7 +108,29 @@ class BatchVerbs(StoreBase):
         lease_until: float,
         isolation_group: str | None = None,
     ) -> list[ClaimedRequest]:
-        """Move queued requests to running under a new batch; the rest are left alone."""
+        """Move queued requests to running under a new batch; the rest are left alone.
+
+        On Postgres one statement in autocommit through the statements pool: the claim and the
+        batch's row in one round trip (the dispatch waits for it)."""
+        if self.statements is not None:
+            found = await self.statements.fetchall(
+                _CLAIM_PG,
+                {
+                    "ids": [uuid.UUID(i) for i in request_ids],
+                    "model": model,
+                    "batch": batch_id,
+                    "isolation_group": isolation_group,
+                    "estimated_ms": estimated_s * 1000.0,
+                    "dispatched_at": from_epoch(now),
+                    "lease_expires_at": from_epoch(lease_until),
+                },
+            )
+            claimed = [_claimed(r) for r in found]
+            if claimed:
+                await self._emit(
+                    S.RUNNING, [c.id for c in claimed], batch_id=str(batch_id), model=model
+                )
+            return claimed
         async with transaction(self.engine) as conn:
             params = {
                 "ids": [uuid.UUID(i) for i in request_ids],
@@ -131,16 +153,7 @@ class BatchVerbs(StoreBase):
                     "lease_expires_at": from_epoch(lease_until),
                 },
             )
-        claimed = [
-            ClaimedRequest(
-                id=str(r["id"]),
-                input=r["input"],
-                messages=r["messages"],
-                params=r["params"],
-                created_at=epoch(r["created_at"]),
-            )
-            for r in rows
-        ]
+        claimed = [_claimed(r) for r in rows]
         await self._emit(S.RUNNING, [c.id for c in claimed], batch_id=str(batch_id), model=model)
         return claimed
 
@@ -165,22 +178,30 @@ class BatchVerbs(StoreBase):
             "by": worker,
             "until": from_epoch(now + lease_s),
         }
-        if self._postgres:
+        if self.statements is not None:
             # The members are read in the statement's snapshot, taken before the batch row is
             # locked: a member cancelled in between still runs, and its write is fenced out.
+            found = await self.statements.fetchone(_START_PG, params)
+            if found is None:
+                return None
+            leased: tuple[Any, ...] = (found["attempt"], found["isolation_group"])
+            live_ids = frozenset(str(i) for i in found["live"] or ())
+        elif self._postgres:
             async with autocommit(self.engine) as conn:
                 row = (await conn.execute(_START, params)).first()
             if row is None:
                 return None
+            leased = tuple(row)
             live_ids = frozenset(str(i) for i in row[2] or ())
         else:
             async with transaction(self.engine) as conn:
                 row = (await conn.execute(_TAKE_LEASE, params)).first()
                 if row is None:
                     return None
+                leased = tuple(row)
                 live = await conn.execute(_LIVE_MEMBERS, {"batch": batch_id})
                 live_ids = frozenset(str(r[0]) for r in live)
-        attempt, isolating = int(row[0]), row[1] is not None
+        attempt, isolating = int(leased[0]), leased[1] is not None
         if attempt > 1:
             return await self.reap_batch(batch_id, now=now, outcome=BatchOutcome.CRASHED)
         return BatchStart(attempt=attempt, live_ids=live_ids, isolating=isolating)
@@ -652,6 +673,45 @@ _WRITE_OUTCOMES_PG = text(
     + ", ".join(f"'{state}'" for state in lifecycle.values(lifecycle.common_sources(Cause.RESULT)))
     + ")"
     " RETURNING r.id, r.state, r.webhook_url IS NOT NULL"
+)
+
+
+def _claimed(row: Mapping[Any, Any]) -> ClaimedRequest:
+    return ClaimedRequest(
+        id=str(row["id"]),
+        input=row["input"],
+        messages=row["messages"],
+        params=row["params"],
+        created_at=epoch(row["created_at"]),
+    )
+
+
+# The claim on Postgres, for the statements pool: the requests still queued move to running
+# under the batch, whose row is written in the same statement when any did.
+_CLAIM_PG = (
+    "WITH claimed AS (UPDATE requests SET state = '"
+    + S.RUNNING.value
+    + "', batch_id = %(batch)s, attempts = attempts + 1"
+    " WHERE id = ANY(%(ids)s) AND model = %(model)s AND state IN ("
+    + ", ".join(
+        f"'{state}'" for state in lifecycle.values(lifecycle.sources(Cause.CLAIM, S.RUNNING))
+    )
+    + ") RETURNING "
+    + ", ".join(f.name for f in fields(ClaimedRequest))
+    + "), batch AS (INSERT INTO batches (id, model, size, attempt, isolation_group,"
+    " estimated_ms, dispatched_at, lease_expires_at)"
+    " SELECT %(batch)s, %(model)s, count(*), 0, %(isolation_group)s, %(estimated_ms)s,"
+    " %(dispatched_at)s, %(lease_expires_at)s FROM claimed HAVING count(*) > 0)"
+    " SELECT " + ", ".join(f.name for f in fields(ClaimedRequest)) + " FROM claimed"
+)
+# The lease on Postgres (``_START``'s statement), for the statements pool.
+_START_PG = (
+    "WITH started AS (UPDATE batches SET attempt = attempt + 1, worker = %(by)s,"
+    " started_at = COALESCE(started_at, %(now)s), lease_expires_at = %(until)s"
+    " WHERE id = %(batch)s AND outcome IS NULL AND (attempt = 0 OR lease_expires_at < %(now)s)"
+    " RETURNING attempt, isolation_group)"
+    " SELECT attempt, isolation_group, (SELECT array_agg(id) FROM requests"
+    " WHERE batch_id = %(batch)s AND state = '" + S.RUNNING.value + "') AS live FROM started"
 )
 
 
