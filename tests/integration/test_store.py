@@ -39,6 +39,7 @@ from batchserve.core.store import (
 
 S = RequestState
 TIMINGS = Timings(1.0, 1.0, 100.0, 102.0)
+EPOCH = from_epoch(0.0)
 
 
 @pytest.fixture(params=["postgres", "postgres+statements", "sqlite"])
@@ -89,6 +90,11 @@ async def claim(store: JobStore, ids: list[str], now: float | None = None) -> uu
     batch_id = uuid7()
     assert await claim_as(store, batch_id, ids, now or time.time())
     return batch_id
+
+
+def rows_of(database_url: str, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    with psycopg.connect(database_url.replace("+psycopg", "")) as conn:
+        return conn.execute(sql, params).fetchall()
 
 
 async def claim_as(
@@ -184,19 +190,19 @@ async def test_the_statement_pool_claims_and_leases_as_the_engine_does(database_
         assert start is not None and not isinstance(start, Reaped)
         assert start.live_ids == frozenset(ids[:2]) and start.isolating
         assert await store.start_batch(batch_id, "w2", now, 2.0) is None  # held by w1
-        with psycopg.connect(database_url.replace("+psycopg", "")) as conn:
-            batch = conn.execute(
-                "SELECT model, size, attempt, worker, isolation_group, estimated_ms,"
-                " dispatched_at = %s, lease_expires_at > dispatched_at FROM batches"
-                " WHERE id = %s",
-                (from_epoch(now), batch_id),
-            ).fetchall()
-            rows = conn.execute(
-                "SELECT state, attempts, batch_id = %s FROM requests WHERE id = ANY(%s)"
-                " ORDER BY created_at, id",
-                (batch_id, [uuid.UUID(i) for i in ids]),
-            ).fetchall()
-            batches = conn.execute("SELECT count(*) FROM batches").fetchone()
+        batch = rows_of(
+            database_url,
+            "SELECT model, size, attempt, worker, isolation_group, estimated_ms,"
+            " dispatched_at = %s, lease_expires_at > dispatched_at FROM batches WHERE id = %s",
+            (from_epoch(now), batch_id),
+        )
+        rows = rows_of(
+            database_url,
+            "SELECT state, attempts, batch_id = %s FROM requests WHERE id = ANY(%s)"
+            " ORDER BY created_at, id",
+            (batch_id, [uuid.UUID(i) for i in ids]),
+        )
+        batches = rows_of(database_url, "SELECT count(*) FROM batches", ())
         shown = [dataclasses.replace(c, id="", created_at=0.0) for c in claimed]
         return shown, batch, rows, (start.attempt, batches)
 
@@ -214,6 +220,102 @@ async def test_the_statement_pool_claims_and_leases_as_the_engine_does(database_
         )
         assert through_pool[2] == through_engine[2]
         assert through_pool[3][0] == through_engine[3][0] == 1
+    finally:
+        await statements.close()
+        await engine.dispose()
+
+
+async def test_the_statement_pool_writes_results_as_the_engine_does(database_url: str) -> None:
+    """A batch's results through psycopg's pool (one statement) against the same through
+    SQLAlchemy's transaction: the same batch row, records, logged transitions and queued
+    webhook deliveries; a member cancelled meanwhile keeps its end, and a stale attempt
+    writes nothing."""
+    engine = create_engine(database_url, pool_size=2)
+    statements = Statements(database_url, size=2)
+    fast, plain = JobStore(engine, statements=statements), JobStore(engine)
+
+    async def complete(store: JobStore, tag: str) -> tuple[Any, ...]:
+        hooked = dataclasses.replace(command(f"{tag} h"), webhook_url="https://example.com/h")
+        ids = await submit(store, command(f"{tag} a"), hooked, command(f"{tag} c"))
+        batch_id, now = await claim(store, ids), time.time()
+        start = await store.start_batch(batch_id, "w1", now, 2.0)
+        assert start is not None and not isinstance(start, Reaped)
+        await store.cancel(uuid.UUID(ids[2]), "t1")
+        outcomes = [
+            ok(ids[0], f"{tag} out"),
+            ItemOutcome(
+                ItemResult(request_id=ids[1], error_code="model_error", error_message="boom"),
+                TIMINGS,
+            ),
+            ok(ids[2]),
+        ]
+        figures: dict[str, Any] = {"model_ms": 100.0, "prompt_tokens": 7, "max_new_tokens": 16}
+        stale = await store.complete_batch(
+            batch_id, attempt=2, outcomes=outcomes, now=now, generated_tokens=9, **figures
+        )
+        assert stale is None
+        done = await store.complete_batch(
+            batch_id, attempt=1, outcomes=outcomes, now=now, generated_tokens=9, **figures
+        )
+        assert done == Reaped()
+        again = await store.complete_batch(
+            batch_id, attempt=1, outcomes=outcomes, now=now, generated_tokens=9, **figures
+        )
+        assert again is None  # closed already: nothing is answered twice
+        records = []
+        for request_id in ids:
+            record = await plain.get(uuid.UUID(request_id))
+            assert record is not None
+            if record.state is not S.CANCELLED:
+                assert record.finished_at == from_epoch(now)
+            records.append(
+                dataclasses.replace(
+                    record,
+                    id=uuid.UUID(int=0),
+                    created_at=EPOCH,
+                    deadline=EPOCH,
+                    finished_at=None,
+                    batch_id=None,
+                )
+            )
+        members = [uuid.UUID(i) for i in ids]
+        batch = rows_of(
+            database_url,
+            "SELECT outcome, finished_at = %s, model_ms, prompt_tokens, max_new_tokens,"
+            " generated_tokens FROM batches WHERE id = %s",
+            (from_epoch(now), batch_id),
+        )
+        events = rows_of(
+            database_url,
+            "SELECT state, batch_id = %s, at = %s FROM request_events"
+            " WHERE request_id = ANY(%s) ORDER BY state",
+            (batch_id, from_epoch(now), members),
+        )
+        deliveries = rows_of(
+            database_url,
+            "SELECT request_id = %s, tenant, url, event_type, status, attempts, run_attempts,"
+            " next_attempt_at = %s, id LIKE 'msg_%%' FROM webhook_deliveries"
+            " WHERE request_id = ANY(%s)",
+            (uuid.UUID(ids[1]), from_epoch(now), members),
+        )
+        return records, batch, events, deliveries
+
+    try:
+        through_engine = await complete(plain, "engine")
+        through_pool = await complete(fast, "pool")
+        assert through_pool[1:] == through_engine[1:]
+        assert through_pool[1] == [("succeeded", True, 100.0, 7, 16, 9)]
+        assert [state for state, *_ in through_pool[2]] == ["cancelled", "failed", "succeeded"]
+        assert through_pool[3] == [
+            (True, "t1", "https://example.com/h", "request.failed", "pending", 0, 0, True, True)
+        ]
+        engine_records, pool_records = through_engine[0], through_pool[0]
+        assert [r.state for r in pool_records] == [S.SUCCEEDED, S.FAILED, S.CANCELLED]
+        assert pool_records[0].output == "pool out" and engine_records[0].output == "engine out"
+        assert pool_records[1:] == engine_records[1:]
+        assert dataclasses.replace(pool_records[0], output=None) == dataclasses.replace(
+            engine_records[0], output=None
+        )
     finally:
         await statements.close()
         await engine.dispose()

@@ -12,7 +12,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from batchserve.core import lifecycle
 from batchserve.core.db import autocommit, transaction
-from batchserve.core.domain import BatchOutcome, ErrorCode, ItemResult, Timings, from_epoch
+from batchserve.core.domain import (
+    BatchOutcome,
+    DeliveryStatus,
+    ErrorCode,
+    ItemResult,
+    Timings,
+    from_epoch,
+)
 from batchserve.core.lifecycle import Cause
 from batchserve.core.metrics import metrics
 from batchserve.core.records import MESSAGE_COLUMNS, pg_type, row_message
@@ -28,6 +35,7 @@ from batchserve.core.store.base import (
     batches_t,
     epoch,
     moving,
+    new_delivery_id,
     requests_t,
 )
 
@@ -259,6 +267,15 @@ class BatchVerbs(StoreBase):
         ``failed_alone`` lists members that made the model raise even when run alone (with the
         error): each is charged a failure and requeued alone, or failed once its budget is spent.
         """
+        closing = {
+            "outcome": BatchOutcome.SUCCEEDED.value,
+            "model_ms": model_ms,
+            "prompt_tokens": prompt_tokens,
+            "max_new_tokens": max_new_tokens,
+            "generated_tokens": generated_tokens,
+        }
+        if self.statements is not None and not failed_alone:
+            return await self._complete_in_one(batch_id, attempt, outcomes, now, closing)
         now_dt = from_epoch(now)
         async with transaction(self.engine) as conn:
             closed = await conn.execute(
@@ -268,14 +285,7 @@ class BatchVerbs(StoreBase):
                     batches_t.c.outcome.is_(None),
                     batches_t.c.attempt == attempt,
                 )
-                .values(
-                    outcome=BatchOutcome.SUCCEEDED.value,
-                    finished_at=now_dt,
-                    model_ms=model_ms,
-                    prompt_tokens=prompt_tokens,
-                    max_new_tokens=max_new_tokens,
-                    generated_tokens=generated_tokens,
-                )
+                .values(finished_at=now_dt, **closing)
             )
             if not closed.rowcount:
                 return None
@@ -295,6 +305,42 @@ class BatchVerbs(StoreBase):
             await self._notify(each, batch_id=str(batch_id))
         await self._emit_reaped(charged)
         return charged
+
+    async def _complete_in_one(
+        self,
+        batch_id: uuid.UUID,
+        attempt: int,
+        outcomes: Sequence[ItemOutcome],
+        now: float,
+        closing: Mapping[str, Any],
+    ) -> Reaped | None:
+        """The batch closed, its results written, their transitions logged and their webhook
+        deliveries queued: one statement (``_COMPLETE_PG``) in autocommit through the
+        statements pool, one round trip where the transaction took five. ``None`` when this
+        attempt is stale."""
+        assert self.statements is not None
+        now_dt = from_epoch(now)
+        rows = [result_row(o, now_dt) for o in outcomes]
+        params: dict[str, Any] = {
+            name: [r[f"b_{name}"] for r in rows] for name, _ in _UNNEST_COLUMNS
+        }
+        params.update(  # the batch's own figures, apart from its members' columns
+            {f"batch_{name}": value for name, value in closing.items()},
+            batch_id=batch_id,
+            attempt=attempt,
+            now=now_dt,
+        )
+        params["delivery"] = [new_delivery_id() for _ in rows]
+        found = await self.statements.fetchall(_COMPLETE_PG, params)
+        if not found:
+            return None
+        by_state: dict[S, list[str]] = {state: [] for state in _RESULT_STATES}
+        for row in found:
+            if row["id"] is not None:  # the batch closed with no member still running
+                by_state[S(row["state"])].append(str(row["id"]))
+        for state, ids in by_state.items():
+            await self._notify(Ended(state=state, ids=tuple(ids)), batch_id=str(batch_id))
+        return Reaped()
 
     async def complete_items(
         self, batch_id: uuid.UUID, *, attempt: int, outcomes: Sequence[ItemOutcome], now: float
@@ -662,6 +708,9 @@ def result_row(outcome: ItemOutcome, now: Any) -> dict[str, Any]:
 _UNNEST_COLUMNS = [("id", pg_type(requests_t.c.id))] + [
     (name, pg_type(requests_t.c[name])) for name in RESULT_FIELDS
 ]
+_RESULT_SOURCES = ", ".join(
+    f"'{state}'" for state in lifecycle.values(lifecycle.common_sources(Cause.RESULT))
+)
 _WRITE_OUTCOMES_PG = text(
     "UPDATE requests AS r SET "
     + ", ".join(f"{name} = v.{name}" for name, _ in _UNNEST_COLUMNS[1:])
@@ -670,7 +719,7 @@ _WRITE_OUTCOMES_PG = text(
     + ") AS v("
     + ", ".join(name for name, _ in _UNNEST_COLUMNS)
     + ") WHERE r.id = v.id AND r.batch_id = :batch_id AND r.state IN ("
-    + ", ".join(f"'{state}'" for state in lifecycle.values(lifecycle.common_sources(Cause.RESULT)))
+    + _RESULT_SOURCES
     + ")"
     " RETURNING r.id, r.state, r.webhook_url IS NOT NULL"
 )
@@ -712,6 +761,40 @@ _START_PG = (
     " RETURNING attempt, isolation_group)"
     " SELECT attempt, isolation_group, (SELECT array_agg(id) FROM requests"
     " WHERE batch_id = %(batch)s AND state = '" + S.RUNNING.value + "') AS live FROM started"
+)
+
+
+# complete_batch on Postgres, for the statements pool: the batch closes (fenced by its
+# attempt), then its members still running take their results, each such transition is logged
+# and each member with a webhook URL gets its delivery queued (ids minted by the caller, one a
+# member), all in one statement; a row for the closed batch (NULL id when no member was still
+# running) joined to each member written, no row when the attempt is stale. The members are
+# written only once the batch row is locked and closed (their filter reads ``closed``).
+_COMPLETE_PG = (
+    "WITH closed AS (UPDATE batches SET outcome = %(batch_outcome)s, finished_at = %(now)s,"
+    " model_ms = %(batch_model_ms)s, prompt_tokens = %(batch_prompt_tokens)s,"
+    " max_new_tokens = %(batch_max_new_tokens)s,"
+    " generated_tokens = %(batch_generated_tokens)s"
+    " WHERE id = %(batch_id)s AND outcome IS NULL AND attempt = %(attempt)s RETURNING id),"
+    " v AS (SELECT * FROM unnest("
+    + ", ".join(f"CAST(%({name})s AS {kind}[])" for name, kind in _UNNEST_COLUMNS)
+    + ", CAST(%(delivery)s AS text[])) AS v("
+    + ", ".join(name for name, _ in _UNNEST_COLUMNS)
+    + ", delivery)),"
+    " written AS (UPDATE requests AS r SET "
+    + ", ".join(f"{name} = v.{name}" for name, _ in _UNNEST_COLUMNS[1:])
+    + " FROM v WHERE r.id = v.id AND r.batch_id = %(batch_id)s AND r.state IN ("
+    + _RESULT_SOURCES
+    + ") AND EXISTS (SELECT 1 FROM closed)"
+    " RETURNING r.id, r.state, r.tenant, r.webhook_url, v.delivery),"
+    " logged AS (INSERT INTO request_events (request_id, state, batch_id, at)"
+    " SELECT id, state, %(batch_id)s, %(now)s FROM written),"
+    " queued AS (INSERT INTO webhook_deliveries (id, request_id, tenant, url, event_type,"
+    " status, attempts, run_attempts, next_attempt_at, created_at)"
+    " SELECT delivery, id, tenant, webhook_url, 'request.' || state, '"
+    + DeliveryStatus.PENDING.value
+    + "', 0, 0, %(now)s, %(now)s FROM written WHERE webhook_url IS NOT NULL)"
+    " SELECT written.id, written.state FROM closed LEFT JOIN written ON true"
 )
 
 
