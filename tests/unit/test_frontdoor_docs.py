@@ -217,3 +217,33 @@ def test_the_rerun_on_the_second_machine_did_not_collapse() -> None:
     assert at_300["longpoll"]["served_rps"] >= 0.95 * at_300["baseline"]["served_rps"]
     assert all(r["answered"] == r["sent"] for r in rerun["results"])
     assert "did not collapse" in PROSE
+
+
+def test_one_statement_each_shortened_both_hand_overs_in_every_pair() -> None:
+    doc = json.loads((ROOT / "docs" / "frontdoor-store-ab.json").read_text())
+    runs = doc["runs"]
+    assert [r["store"] for r in runs] == ["one statement", "engine"] * 2
+    assert doc["code"]["one statement"] != "PENDING"
+    for load in (0.1, 0.3):
+        for figure in (
+            lambda r: r["breakdown"]["write_notify"]["p50_ms"],
+            lambda r: r["breakdown"]["dispatch"]["p50_ms"],
+            lambda r: r["cpu_ms_per_request"]["worker"],
+            lambda r: r["cpu_ms_per_request"]["batcher"],
+        ):
+            by = {
+                kind: [
+                    figure(x)
+                    for r in runs
+                    if r["store"] == kind
+                    for x in r["results"]
+                    if x["load"] == load
+                ]
+                for kind in ("one statement", "engine")
+            }
+            assert max(by["one statement"]) < min(by["engine"]), (load, by)
+    assert (
+        "every run of one statement each was below every run of the engine's transactions in"
+        " the write_notify stage, the dispatch stage, the worker's CPU a request and the"
+        " batcher's CPU a request" in PROSE
+    )
