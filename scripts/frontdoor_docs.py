@@ -86,6 +86,7 @@ def goals_table(
     before: dict[str, Any],
     ingest: dict[str, Any],
     ingest_before: dict[str, Any],
+    labels: tuple[str, str] = ("before", "now"),
 ) -> str:
     def latency(run: dict[str, Any]) -> str:
         p50, p99 = worst_gap(run)
@@ -137,7 +138,7 @@ def goals_table(
             else "**not met**",
         ],
     ]
-    return table(["goal", "target", "before", "now", "verdict, now"], rows)
+    return table(["goal", "target", *labels, f"verdict, {labels[1]}"], rows)
 
 
 def cpu_table(run: dict[str, Any]) -> str:
@@ -216,6 +217,32 @@ seeds' deployment (4 slots × 32, 1,000/s offered) is far from served: {seeds} (
 below); an API process on this machine does not take 1,000 submits a second. One run each is a
 coarse comparison on this machine: see the alternating runs in sections 3 and 4 below for how
 far runs of nearly the same code spread.
+"""
+
+
+def head_summary(head: dict[str, Any], rerun: dict[str, Any]) -> str:
+    (p50, p99), (was50, was99) = worst_gap(head), worst_gap(rerun)
+    cpu = [roles_cpu(head, p) for p in ("longpoll", "sync")]
+    cpu_was = [roles_cpu(rerun, p) for p in ("longpoll", "sync")]
+
+    def past(run: dict[str, Any]) -> bool:
+        return all(run["goals"]["served_vs_ideal"][p] >= 0.9 for p in ("longpoll", "sync"))
+
+    served = (
+        "served both paths past 0.90 of the ideal"
+        if past(head)
+        else "did not serve both paths past 0.90 of the ideal"
+    )
+    also = "as" if past(head) == past(rerun) else "where"
+    return f"""
+On this machine the head {served}, {also} {rerun["code"]} {"did" if past(rerun) else "did not"} here;
+the worst gap to the baseline at 30 and 100/s {moved(was50, p50)} +{was50:.1f} to +{p50:.1f} ms
+at p50 and {moved(was99, p99)} +{was99:.1f} to +{p99:.1f} ms at p99; the roles' CPU a request at
+100/s {moved(cpu_was[0], cpu[0])} {cpu_was[0]} to {cpu[0]} ms (long-poll) and
+{moved(cpu_was[1], cpu[1])} {cpu_was[1]} to {cpu[1]} ms (synchronous). One run each
+([frontdoor-head.json](frontdoor-head.json), [frontdoor-ingest-head.json](frontdoor-ingest-head.json);
+{rerun["code"]}: [frontdoor-rerun.json](frontdoor-rerun.json) and the second ingest run of
+section 4).
 """
 
 
@@ -345,6 +372,12 @@ def main() -> None:
     print(goals_table(now, before, ingest, ingest_before))
     packs = load("frontdoor-packs-ab.json")
     print(summary(now, before, ingest, ingest_before, packs))
+    head, rerun = load("frontdoor-head.json"), load("frontdoor-rerun.json")
+    ingest_head = load("frontdoor-ingest-head.json")
+    ingest_rerun = next(r for r in packs["ingest_runs"] if r["messages"] == "one a request")
+    print(HEAD.format(code=head["code"], rerun=rerun["code"]))
+    print(goals_table(head, rerun, ingest_head, ingest_rerun, (rerun["code"], "head")))
+    print(head_summary(head, rerun))
     print("**Now** ([frontdoor.json](frontdoor.json)):\n")
     print(results_table(now))
     print("\n**Before** ([frontdoor-before.json](frontdoor-before.json)), the landed main:\n")
@@ -434,6 +467,14 @@ CPU a request by up to a third at 100/s in alternating runs of the same code): c
 pair of runs, not across days.
 
 ## The goals
+"""
+
+HEAD = """
+### The goals at the head, on a second machine
+
+The same frontdoor command (and the ingest one, at 500, 750, 1,000 and 1,250/s) on the machine
+of sections 4 and 5 (Intel Xeon, 2 cores), the same day: the head with every change below
+({code}) against {rerun}, before sections 4 and 5:
 """
 
 CPU_INTRO = """

@@ -247,3 +247,15 @@ def test_one_statement_each_shortened_both_hand_overs_in_every_pair() -> None:
         " the write_notify stage, the dispatch stage, the worker's CPU a request and the"
         " batcher's CPU a request" in PROSE
     )
+
+
+def test_the_head_runs_answered_everyone_and_are_judged_on_the_page() -> None:
+    head = json.loads((ROOT / "docs" / "frontdoor-head.json").read_text())
+    assert all(
+        r["answered"] == r["sent"] and r["wrong"] == r["errors"] == 0 for r in head["results"]
+    )
+    served = head["goals"]["served_vs_ideal"]
+    assert (served["longpoll"] >= 0.9 and served["sync"] >= 0.9) == (
+        "the head served both paths past 0.90 of the ideal" in PROSE
+    )
+    assert "| 2. served through HTTP" in DOC and "| bac46b2 | head | verdict, head |" in DOC
