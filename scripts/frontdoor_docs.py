@@ -613,7 +613,10 @@ PROFILES = """
 Of one frontdoor run at 100/s each (`--frontdoor-rates 100 --profile api --profile-out
 docs/profile-frontdoor-api.svg`, and `--profile worker`; py-spy at 100 Hz), before and now: API [before](profile-frontdoor-api-before.svg),
 [now](profile-frontdoor-api.svg); worker with its pool [before](profile-frontdoor-worker-before.svg),
-[now](profile-frontdoor-worker.svg).
+[now](profile-frontdoor-worker.svg). And at the head (d098d2e, on the second machine): API
+[head](profile-frontdoor-api-head.svg), worker [head](profile-frontdoor-worker-head.svg): the
+worker's has no SQLAlchemy frame (`greenlet_spawn`) left, its batches' leases and results going
+through the statements pool (section 5).
 
 ## What is left
 

@@ -259,3 +259,11 @@ def test_the_head_runs_answered_everyone_and_are_judged_on_the_page() -> None:
         "the head served both paths past 0.90 of the ideal" in PROSE
     )
     assert "| 2. served through HTTP" in DOC and "| bac46b2 | head | verdict, head |" in DOC
+
+
+def test_the_worker_at_the_head_writes_through_the_statements_pool() -> None:
+    head = (ROOT / "docs" / "profile-frontdoor-worker-head.svg").read_text()
+    now = (ROOT / "docs" / "profile-frontdoor-worker.svg").read_text()
+    assert "_complete_in_one" in head and "greenlet_spawn" not in head
+    assert "_write_outcomes_pg" in now and "greenlet_spawn" in now
+    assert "worker's has no SQLAlchemy frame (`greenlet_spawn`) left" in PROSE
