@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from batchserve.batching.batcher import BatcherConfig
 from batchserve.core.broker import INTERACTIVE_PACK
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -267,3 +268,21 @@ def test_the_worker_at_the_head_writes_through_the_statements_pool() -> None:
     assert "_complete_in_one" in head and "greenlet_spawn" not in head
     assert "_write_outcomes_pg" in now and "greenlet_spawn" in now
     assert "worker's has no SQLAlchemy frame (`greenlet_spawn`) left" in PROSE
+
+
+def test_the_shorter_lead_for_batches_with_room_was_not_kept() -> None:
+    doc = json.loads((ROOT / "docs" / "frontdoor-lead-ab.json").read_text())
+    for trial in doc["trials"]:
+        by: dict[tuple[str, float], list[dict[str, Any]]] = {}
+        for run in trial["runs"]:
+            for r in run["results"]:
+                by.setdefault((run["lead for batches with room"], r["load"]), []).append(r)
+        for load in (0.1, 0.3):
+            changed, kept = by[("changed", load)], by[("1 in 10 late", load)]
+            dispatch = [r["breakdown"]["dispatch"]["p50_ms"] for r in changed]
+            assert max(dispatch) < min(r["breakdown"]["dispatch"]["p50_ms"] for r in kept)
+        assert min(r["live_p50_ms"] for r in by[("changed", 0.3)]) > max(
+            r["live_p50_ms"] for r in by[("1 in 10 late", 0.3)]
+        )
+    assert "the live p50 at 30 % load was higher in every run with it" in PROSE
+    assert not hasattr(BatcherConfig(), "pipeline_late_share_with_room")  # not committed
