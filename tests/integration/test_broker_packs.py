@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 from batchserve.core.broker import (
     BULK_PACK,
@@ -152,3 +153,9 @@ async def test_interactive_requests_published_together_travel_in_packs(
         await consumer.close()
         await queue.delete_queues([ECHO])
         await queue.close()
+
+
+def test_the_readme_says_how_many_requests_a_message_carries() -> None:
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    assert f"the requests of one group commit {INTERACTIVE_PACK} to a message" in readme
+    assert f"publishes them to `requests.<model>.bulk` {BULK_PACK} to a message" in readme
