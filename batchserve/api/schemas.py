@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -158,6 +158,8 @@ class RequestOut(BaseModel):
     created_at: datetime
     deadline: datetime
     finished_at: datetime | None
+    # When a finished request is deleted (BATCHSERVE_REQUEST_RETENTION_S after it finished).
+    expires_at: datetime | None
     attempts: int
     batch_id: str | None
     output: Output | None
@@ -167,7 +169,9 @@ class RequestOut(BaseModel):
     metadata: dict[str, str] | None
 
     @classmethod
-    def of(cls, record: RequestRecord) -> RequestOut:
+    def of(cls, record: RequestRecord, *, retention_s: float) -> RequestOut:
+        """The request as the API shows it; ``retention_s``: how long a finished request is
+        kept (``Settings.request_retention_s``)."""
         usage = None
         if record.prompt_tokens is not None and record.completion_tokens is not None:
             usage = Usage(
@@ -194,6 +198,9 @@ class RequestOut(BaseModel):
             created_at=record.created_at,
             deadline=record.deadline,
             finished_at=record.finished_at,
+            expires_at=None
+            if record.finished_at is None
+            else record.finished_at + timedelta(seconds=retention_s),
             attempts=record.attempts,
             batch_id=str(record.batch_id) if record.batch_id else None,
             output=Output(text=record.output, finish_reason=record.finish_reason)

@@ -121,7 +121,9 @@ class Assembler:
             self.text = ""
             made.append((RESET, {}))
 
-    def finish(self, record: RequestRecord, *, known: bool = True) -> list[StreamEvent]:
+    def finish(
+        self, record: RequestRecord, *, retention_s: float, known: bool = True
+    ) -> list[StreamEvent]:
         """The end, from the stored record: what the client lacks of the stored answer, then the
         terminal state with the whole request. ``known=False``: what the client holds is not
         known (its place in the log is gone), so the answer is sent over from the start."""
@@ -136,7 +138,8 @@ class Assembler:
             if tail:
                 made.append((DELTA_EVENT, {"text": tail}))
             self.text = output
-        made.append((STATE, {"status": record.state.value, "request": dump(RequestOut.of(record))}))
+        request = dump(RequestOut.of(record, retention_s=retention_s))
+        made.append((STATE, {"status": record.state.value, "request": request}))
         events = [
             StreamEvent(EventId(self.last_entry, True, n), e, d) for n, (e, d) in enumerate(made)
         ]
@@ -213,7 +216,8 @@ async def follow(
         block_s = 0.0 if terminal else wait_s
     if not record.state.terminal:
         record = await _until_terminal(services, record, tenant)
-    for event in assembler.finish(record, known=reached):
+    retention_s = services.settings.request_retention_s
+    for event in assembler.finish(record, retention_s=retention_s, known=reached):
         if not reached or resume is None or event.id > resume:
             yield event
 

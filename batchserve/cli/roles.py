@@ -30,6 +30,7 @@ def maintenance_config(settings: Settings) -> MaintenanceConfig:
     return MaintenanceConfig(
         republish_after_s=settings.republish_after_s,
         idempotency_retention_s=settings.idempotency_retention_s,
+        request_retention_s=settings.request_retention_s,
     )
 
 

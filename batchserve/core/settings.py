@@ -44,6 +44,10 @@ class Settings(BaseSettings):
     http_header_timeout_s: float = Field(default=10.0, gt=0)
     http_body_timeout_s: float = Field(default=60.0, gt=0)
     idempotency_retention_s: float = 86_400.0
+    # Finished requests, with their logged transitions and settled webhook deliveries, are
+    # deleted by maintenance this long after they finished (at least as long as idempotency
+    # keys are kept, so that a retry with a key still finds its request).
+    request_retention_s: float = Field(default=30 * 86_400.0, gt=0)
 
     # Tenants. ``required``: every /v1 call needs an API key; ``disabled``: every caller is the
     # tenant ``anonymous`` (a single-user development server).
@@ -178,6 +182,12 @@ class Settings(BaseSettings):
             raise ValueError("BATCHSERVE_WEBHOOK_RETRY_SCHEDULE: comma-separated seconds")
         if self.batch_min_window_s > self.batch_max_window_s:
             raise ValueError("BATCHSERVE_BATCH_MIN_WINDOW_S exceeds BATCHSERVE_BATCH_MAX_WINDOW_S")
+        if self.request_retention_s < self.idempotency_retention_s:
+            raise ValueError(
+                "BATCHSERVE_REQUEST_RETENTION_S must be at least BATCHSERVE_IDEMPOTENCY_RETENTION_S"
+                f" ({self.idempotency_retention_s:g} s): a retry with an idempotency key must"
+                " still find its request"
+            )
         if self.webhook_lease_s <= self.webhook_timeout_s:
             raise ValueError("BATCHSERVE_WEBHOOK_LEASE_S must exceed BATCHSERVE_WEBHOOK_TIMEOUT_S")
         return self

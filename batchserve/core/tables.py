@@ -118,6 +118,13 @@ class Request(Base):
             postgresql_where=sa_text("state = 'succeeded'"),
             sqlite_where=sa_text("state = 'succeeded'"),
         ),
+        # Finished requests by age: the retention prune reads only this index.
+        Index(
+            "ix_requests_finished_at",
+            "finished_at",
+            postgresql_where=sa_text("finished_at IS NOT NULL"),
+            sqlite_where=sa_text("finished_at IS NOT NULL"),
+        ),
         Index(
             "ix_requests_unpublished",
             "created_at",

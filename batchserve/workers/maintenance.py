@@ -1,5 +1,6 @@
-"""Maintenance: reap expired leases, expire overdue requests, republish, prune old keys and
-expired files, and drive bulk jobs (``workers.jobs``) alongside.
+"""Maintenance: reap expired leases, expire overdue requests, republish, prune old keys,
+expired files and finished requests past their retention, and drive bulk jobs
+(``workers.jobs``) alongside.
 
 Every step is a conditional write, so several maintenance processes may run at once.
 """
@@ -30,7 +31,11 @@ class MaintenanceConfig:
     republish_after_s: float = 5.0
     republish_every_s: float = 2.0
     idempotency_retention_s: float = 86_400.0
+    request_retention_s: float = 30 * 86_400.0
     prune_every_s: float = 3_600.0
+    # Finished requests deleted a transaction, and at most this many transactions a prune.
+    prune_chunk: int = 1000
+    prune_chunks: int = 100
 
 
 @dataclass(slots=True)
@@ -41,6 +46,7 @@ class TickReport:
     republished: int = 0
     pruned: int = 0
     files_deleted: int = 0
+    requests_deleted: int = 0
 
 
 class Maintenance:
@@ -107,7 +113,21 @@ class Maintenance:
                 now - self.config.idempotency_retention_s
             )
             report.files_deleted = await self._store.delete_expired_files(now)
+            report.requests_deleted = await self.prune_finished(now)
         return report
+
+    async def prune_finished(self, now: float) -> int:
+        """Delete the requests finished more than ``request_retention_s`` ago, a chunk a
+        transaction, so that no transaction holds many rows for long."""
+        before, deleted = now - self.config.request_retention_s, 0
+        for _ in range(self.config.prune_chunks):
+            chunk = await self._store.prune_finished(before, limit=self.config.prune_chunk)
+            deleted += chunk
+            if chunk < self.config.prune_chunk:
+                break
+        if deleted:
+            log.info("requests_pruned", count=deleted, finished_before=before)
+        return deleted
 
     async def reap(self, now: float, report: TickReport) -> None:
         for lease in await self._store.expired_leases(now):

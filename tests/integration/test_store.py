@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from sqlalchemy import text
 
 from batchserve.core.db import Statements, create_engine
 from batchserve.core.domain import (
@@ -484,6 +485,44 @@ async def test_restart_of_a_dead_workers_batch_is_reaped_not_rerun(store: JobSto
     await store.start_batch(batch_id, "w1", time.time(), 0.01)
     again = await store.start_batch(batch_id, "w2", time.time() + 1, 2.0)
     assert isinstance(again, Reaped) and len(again.requeued) == 2
+
+
+async def test_finished_requests_are_pruned_with_their_events_and_settled_deliveries(
+    store: JobStore,
+) -> None:
+    hooked = dataclasses.replace(command("hooked"), webhook_url="https://example.com/h")
+    done, hooked_id, cancelled, waiting = await submit(
+        store, command("done"), hooked, command("cancelled"), command("waiting")
+    )
+    await finish(store, [done, hooked_id])
+    await store.cancel(uuid.UUID(cancelled), "t1")
+
+    async def count(sql: str) -> int:
+        async with store.engine.connect() as conn:
+            return int((await conn.execute(text(sql))).scalar_one())
+
+    assert await count("SELECT count(*) FROM request_events") == 3
+    assert await count("SELECT count(*) FROM webhook_deliveries") == 1
+    # Nothing finished before an hour ago.
+    assert await store.prune_finished(time.time() - 3600) == 0
+    # Finished before the cutoff: the two without a pending delivery, one at a time.
+    later = time.time() + 1
+    assert await store.prune_finished(later, limit=1) == 1
+    assert await store.prune_finished(later) == 1
+    assert await store.prune_finished(later) == 0
+    for gone in (done, cancelled):
+        assert await store.get(uuid.UUID(gone), "t1") is None
+    # The one whose webhook is still pending stays, and the unfinished one.
+    assert (await store.get(uuid.UUID(waiting), "t1")) is not None
+    assert (await store.get(uuid.UUID(hooked_id), "t1")) is not None
+    assert await count("SELECT count(*) FROM request_events") == 1
+    async with store.engine.begin() as conn:
+        await conn.execute(text("UPDATE webhook_deliveries SET status = 'delivered'"))
+    assert await store.prune_finished(later) == 1
+    assert await store.get(uuid.UUID(hooked_id), "t1") is None
+    assert await count("SELECT count(*) FROM request_events") == 0
+    assert await count("SELECT count(*) FROM webhook_deliveries") == 0
+    assert await count("SELECT count(*) FROM requests") == 1  # the one still queued
 
 
 async def test_committed_but_unpublished_requests_are_found(store: JobStore) -> None:

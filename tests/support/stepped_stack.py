@@ -93,18 +93,25 @@ class SteppedStack:
 
     @classmethod
     async def create(
-        cls, home: Path, registry: Path, *, batch_time_s: dict[str, float] | None = None
+        cls,
+        home: Path,
+        registry: Path,
+        *,
+        batch_time_s: dict[str, float] | None = None,
+        **settings: Any,
     ) -> SteppedStack:
-        settings = Settings(
+        """``settings``: further :class:`Settings` fields."""
+        chosen = Settings(
             home=home,
             database_url=None,
             broker_url=None,
             redis_url=None,
             models=registry,
             auth="disabled",
+            **settings,
         )
-        await asyncio.to_thread(upgrade, settings.effective_database_url)
-        return cls(settings, batch_time_s or {})
+        await asyncio.to_thread(upgrade, chosen.effective_database_url)
+        return cls(chosen, batch_time_s or {})
 
     def __init__(self, settings: Settings, batch_time_s: dict[str, float]) -> None:
         self.clock = ThreadClock()

@@ -426,5 +426,5 @@ async def test_a_request_run_again_streams_the_new_run_from_its_start(rig: Rig) 
     names = [ev.event for ev in events]
     assert names.count("reset") == 1 and names.index("reset") > names.index("delta")
     assert assembler.text == record.output  # the new run's text alone, whole
-    final = assembler.finish(record)
+    final = assembler.finish(record, retention_s=3600.0)
     assert [ev.event for ev in final] == ["state"] and assembler.text == record.output

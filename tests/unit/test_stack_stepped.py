@@ -229,3 +229,34 @@ async def test_a_synchronous_completion_reads_its_request_once(tmp_path: Path) -
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"] == "hello"
     assert len(reads) == 1, reads
+
+
+async def test_a_finished_request_shows_when_it_expires_and_is_deleted_then(
+    tmp_path: Path,
+) -> None:
+    """Kept ``request_retention_s`` after it finished, as its ``expires_at`` says; maintenance
+    deletes it (and its logged end) at its first prune after that, not before."""
+    registry = tmp_path / "models.toml"
+    registry.write_text(SEEDS)
+    day = 86_400.0
+    stepped = await SteppedStack.create(tmp_path, registry, request_retention_s=2 * day)
+    async with stepped.running() as client:
+        done = await stepped.submit(client, "A", model=MODEL)
+        other = await stepped.submit(client, "B", model=MODEL)
+        await stepped.advance(0.5)
+        finished = await _result(client, done)
+        assert finished["status"] == "succeeded"
+        assert _at(finished["expires_at"]) == pytest.approx(_at(finished["finished_at"]) + 2 * day)
+        maintenance = stepped.stack.maintenance
+        # A day later (a prune is due): kept.
+        stepped.clock.set(_at(finished["finished_at"]) + day)
+        assert (await maintenance.tick(stepped.now)).requests_deleted == 0
+        assert (await client.get(f"/v1/requests/{done}")).status_code == 200
+        # Past its expiry, at the next prune: gone, with its logged end.
+        stepped.clock.set(_at(finished["expires_at"]) + maintenance.config.prune_every_s)
+        assert (await maintenance.tick(stepped.now)).requests_deleted == 2  # A and B
+        for gone in (done, other):
+            assert (await client.get(f"/v1/requests/{gone}")).status_code == 404
+        async with stepped.stack.adapters.store.engine.connect() as conn:
+            logged = await conn.execute(text("SELECT count(*) FROM request_events"))
+            assert logged.scalar_one() == 0

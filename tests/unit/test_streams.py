@@ -16,6 +16,7 @@ from batchserve.api.streams import EventId, StreamEvent, follow, parse_event_id
 from batchserve.core.domain import BatchOutcome, ItemResult, RequestRecord, Timings
 from batchserve.core.errors import InvalidInput
 from batchserve.core.ids import uuid7
+from batchserve.core.settings import Settings
 from batchserve.core.store import BatchStart, ItemOutcome, JobStore
 from batchserve.core.tokenlog import LogEntry, MemoryTokenLog, RedisTokenLog
 from batchserve.testing.deployment import free_port
@@ -32,7 +33,7 @@ class Rig:
         self.tokens = MemoryTokenLog(clock=self.clock)
         self.store: JobStore = sqlite_store(tmp_path, on_change=self.tokens.on_change)
         adapters = SimpleNamespace(store=self.store, tokens=self.tokens)
-        self.services = cast(ApiServices, SimpleNamespace(adapters=adapters))
+        self.services = cast(ApiServices, SimpleNamespace(adapters=adapters, settings=Settings()))
 
     async def request(self) -> str:
         (request_id,) = await submit(self.store, ["hi"], now=self.clock())

@@ -15,6 +15,7 @@ from batchserve.api.intake import admit
 from batchserve.api.polling import read_or_wait, read_request
 from batchserve.api.responses import JSON
 from batchserve.api.schemas import RequestList, RequestOut, SubmitRequest, dump
+from batchserve.api.services import ApiServices
 from batchserve.api.streams import EVENT_ID_PATTERN, PING_S, follow, parse_event_id
 from batchserve.api.submission import build_command, exact_prompt_tokens
 from batchserve.core.domain import RequestRecord, RequestState
@@ -49,14 +50,18 @@ async def submit_request(
     if command.webhook_url is not None:
         await services.url_guard.check_submission(command.webhook_url)
     admission = await admit(services, caller, command)
-    return _accepted(admission.record, replayed=admission.replayed)
+    return _accepted(services, admission.record, replayed=admission.replayed)
 
 
-def _accepted(record: RequestRecord, *, replayed: bool) -> JSON:
+def _out(services: ApiServices, record: RequestRecord) -> RequestOut:
+    return RequestOut.of(record, retention_s=services.settings.request_retention_s)
+
+
+def _accepted(services: ApiServices, record: RequestRecord, *, replayed: bool) -> JSON:
     headers = {"Location": f"/v1/requests/{record.id}"}
     if replayed:
         headers["Idempotent-Replayed"] = "true"
-    return JSON(dump(RequestOut.of(record)), status_code=202, headers=headers)
+    return JSON(dump(_out(services, record)), status_code=202, headers=headers)
 
 
 @router.get("/{request_id}", response_model=RequestOut)
@@ -81,7 +86,7 @@ async def get_request(
         record = await read_or_wait(services, request_id, tenant, wait, until)
     else:
         record = await read_request(services, request_id, tenant)
-    return JSON(dump(RequestOut.of(record)))
+    return JSON(dump(_out(services, record)))
 
 
 @router.get(
@@ -125,7 +130,7 @@ async def cancel_request(request_id: uuid.UUID, services: Services, tenant: Tena
     """Cancel a queued or running request. A queued one never runs; a running one's result is
     discarded. Cancelling a finished request answers 409."""
     record = await services.adapters.store.cancel(request_id, tenant)
-    return JSON(dump(RequestOut.of(record)))
+    return JSON(dump(_out(services, record)))
 
 
 @router.get("", response_model=RequestList)
@@ -146,7 +151,7 @@ async def list_requests(
     page = records[:limit]
     has_more = len(records) > limit
     body = RequestList(
-        data=[RequestOut.of(r) for r in page],
+        data=[_out(services, r) for r in page],
         has_more=has_more,
         next_cursor=str(page[-1].id) if has_more and page else None,
     )

@@ -7,12 +7,14 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from batchserve.core import lifecycle
 from batchserve.core.db import autocommit, transaction
 from batchserve.core.domain import (
+    DeliveryStatus,
     ErrorCode,
     QueueMessage,
     RequestRecord,
@@ -43,8 +45,13 @@ from batchserve.core.store.base import (
     S,
     StoreBase,
     advisory_key,
+    deliveries_t,
+    events_t,
     requests_t,
+    state_in,
 )
+from batchserve.core.store.files import ACTIVE_JOB
+from batchserve.core.tables import attempts_table, jobs_table
 
 
 class RequestVerbs(StoreBase):
@@ -342,6 +349,44 @@ class RequestVerbs(StoreBase):
         async with transaction(self.engine) as conn:
             rows = (await conn.execute(query)).mappings().all()
         return [row_message(r) for r in rows]
+
+    async def prune_finished(self, before: float, *, limit: int = 1000) -> int:
+        """Delete up to ``limit`` requests that finished before ``before``, with their logged
+        transitions and their settled webhook deliveries (and those deliveries' attempts), in
+        one transaction; returns how many requests went.
+
+        A request whose webhook delivery is still pending stays until it is settled, and one
+        of a bulk job that has not ended stays until the job has (its output is written from
+        them)."""
+        pending = select(deliveries_t.c.request_id).where(
+            deliveries_t.c.request_id.is_not(None),
+            deliveries_t.c.status == DeliveryStatus.PENDING.value,
+        )
+        active_jobs = select(jobs_table.c.id).where(ACTIVE_JOB)
+        victims = (
+            select(requests_t.c.id)
+            .where(
+                requests_t.c.finished_at.is_not(None),
+                requests_t.c.finished_at < from_epoch(before),
+                state_in(lifecycle.TERMINAL),
+                requests_t.c.id.not_in(pending),
+                requests_t.c.job_id.is_(None) | requests_t.c.job_id.not_in(active_jobs),
+            )
+            .order_by(requests_t.c.finished_at)
+            .limit(limit)
+        )
+        async with transaction(self.engine) as conn:
+            ids = [row[0] for row in await conn.execute(victims)]
+            if not ids:
+                return 0
+            deliveries = select(deliveries_t.c.id).where(deliveries_t.c.request_id.in_(ids))
+            await conn.execute(
+                delete(attempts_table).where(attempts_table.c.delivery_id.in_(deliveries))
+            )
+            await conn.execute(delete(deliveries_t).where(deliveries_t.c.request_id.in_(ids)))
+            await conn.execute(delete(events_t).where(events_t.c.request_id.in_(ids)))
+            deleted = await conn.execute(delete(requests_t).where(requests_t.c.id.in_(ids)))
+        return int(deleted.rowcount or 0)
 
     async def prune_idempotency(self, before: float) -> int:
         async with transaction(self.engine) as conn:

@@ -43,6 +43,7 @@ class WebhookConfig:
     resolve_timeout_s: float = 2.0
     secret_grace_s: float = 86_400.0
     allowlist: str = ""
+    request_retention_s: float = 30 * 86_400.0  # the request's expires_at in a body
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WebhookConfig:
@@ -54,10 +55,11 @@ class WebhookConfig:
             resolve_timeout_s=settings.webhook_resolve_timeout_s,
             secret_grace_s=settings.webhook_secret_grace_s,
             allowlist=settings.webhook_allowlist,
+            request_retention_s=settings.request_retention_s,
         )
 
 
-def event_body(start: DeliveryStart, record: RequestRecord) -> bytes:
+def event_body(start: DeliveryStart, record: RequestRecord, *, retention_s: float) -> bytes:
     """The JSON body: the event envelope around the request exactly as ``GET`` shows it.
 
     Built from the terminal (hence unchanging) request and the delivery's own creation time,
@@ -66,7 +68,7 @@ def event_body(start: DeliveryStart, record: RequestRecord) -> bytes:
     envelope = {
         "type": start.event_type,
         "timestamp": start.created_at.isoformat().replace("+00:00", "Z"),
-        "data": dump(RequestOut.of(record)),
+        "data": dump(RequestOut.of(record, retention_s=retention_s)),
     }
     return orjson.dumps(envelope)
 
@@ -155,7 +157,9 @@ class Deliverer:
             return None if job is None else job_event_body(start, job)
         assert start.request_id is not None
         record = await self._store.get(start.request_id, start.tenant)
-        return None if record is None else event_body(start, record)
+        if record is None:
+            return None
+        return event_body(start, record, retention_s=self.config.request_retention_s)
 
     async def close(self) -> None:
         await self._sender.close()
