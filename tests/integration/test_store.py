@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import text
+from sqlalchemy import insert, text, update
 
 from batchserve.core.db import Statements, create_engine
 from batchserve.core.domain import (
@@ -37,6 +37,7 @@ from batchserve.core.store import (
     Reaped,
     advisory_key,
 )
+from batchserve.core.tables import jobs_table, requests_table
 
 S = RequestState
 TIMINGS = Timings(1.0, 1.0, 100.0, 102.0)
@@ -523,6 +524,38 @@ async def test_finished_requests_are_pruned_with_their_events_and_settled_delive
     assert await count("SELECT count(*) FROM request_events") == 0
     assert await count("SELECT count(*) FROM webhook_deliveries") == 0
     assert await count("SELECT count(*) FROM requests") == 1  # the one still queued
+
+
+async def test_a_finished_request_of_a_running_batch_job_is_pruned_once_the_job_ends(
+    store: JobStore,
+) -> None:
+    job_id, now = uuid7(), utcnow()
+    async with store.engine.begin() as conn:
+        await conn.execute(
+            insert(jobs_table).values(
+                id=job_id,
+                tenant="t1",
+                status="in_progress",
+                endpoint="/v1/chat/completions",
+                completion_window="24h",
+                input_file_id=uuid7(),
+                created_at=now,
+                expires_at=now + timedelta(hours=24),
+            )
+        )
+    (member,) = await submit(store, command("member"))
+    await finish(store, [member])
+    async with store.engine.begin() as conn:
+        await conn.execute(
+            update(requests_table)
+            .where(requests_table.c.id == uuid.UUID(member))
+            .values(job_id=job_id)
+        )
+    later = time.time() + 1
+    assert await store.prune_finished(later) == 0  # its job still writes its output from it
+    async with store.engine.begin() as conn:
+        await conn.execute(update(jobs_table).values(status="completed"))
+    assert await store.prune_finished(later) == 1
 
 
 async def test_committed_but_unpublished_requests_are_found(store: JobStore) -> None:
