@@ -120,49 +120,30 @@ class BatchVerbs(StoreBase):
 
         On Postgres one statement in autocommit through the statements pool: the claim and the
         batch's row in one round trip (the dispatch waits for it)."""
+        ids = [uuid.UUID(i) for i in request_ids]
+        batch = {  # the batch's row, less its size and attempt
+            "id": batch_id,
+            "model": model,
+            "isolation_group": isolation_group,
+            "estimated_ms": estimated_s * 1000.0,
+            "dispatched_at": from_epoch(now),
+            "lease_expires_at": from_epoch(lease_until),
+        }
         if self.statements is not None:
-            found = await self.statements.fetchall(
-                _CLAIM_PG,
-                {
-                    "ids": [uuid.UUID(i) for i in request_ids],
-                    "model": model,
-                    "batch": batch_id,
-                    "isolation_group": isolation_group,
-                    "estimated_ms": estimated_s * 1000.0,
-                    "dispatched_at": from_epoch(now),
-                    "lease_expires_at": from_epoch(lease_until),
-                },
+            rows: Sequence[Mapping[Any, Any]] = await self.statements.fetchall(
+                _CLAIM_PG, {**batch, "ids": ids}
             )
-            claimed = [_claimed(r) for r in found]
-            if claimed:
-                await self._emit(
-                    S.RUNNING, [c.id for c in claimed], batch_id=str(batch_id), model=model
-                )
-            return claimed
-        async with transaction(self.engine) as conn:
-            params = {
-                "ids": [uuid.UUID(i) for i in request_ids],
-                "claim_model": model,
-                "claim_batch": batch_id,
-            }
-            rows = (await conn.execute(_CLAIM, params)).mappings().all()
-            if not rows:
-                return []
-            await conn.execute(
-                _INSERT_BATCH,
-                {
-                    "id": batch_id,
-                    "model": model,
-                    "size": len(rows),
-                    "attempt": 0,
-                    "isolation_group": isolation_group,
-                    "estimated_ms": estimated_s * 1000.0,
-                    "dispatched_at": from_epoch(now),
-                    "lease_expires_at": from_epoch(lease_until),
-                },
-            )
+        else:
+            async with transaction(self.engine) as conn:
+                params = {"ids": ids, "claim_model": model, "claim_batch": batch_id}
+                rows = (await conn.execute(_CLAIM, params)).mappings().all()
+                if rows:
+                    await conn.execute(_INSERT_BATCH, {**batch, "size": len(rows), "attempt": 0})
         claimed = [_claimed(r) for r in rows]
-        await self._emit(S.RUNNING, [c.id for c in claimed], batch_id=str(batch_id), model=model)
+        if claimed:
+            await self._emit(
+                S.RUNNING, [c.id for c in claimed], batch_id=str(batch_id), model=model
+            )
         return claimed
 
     async def start_batch(
@@ -740,7 +721,7 @@ def _claimed(row: Mapping[Any, Any]) -> ClaimedRequest:
 _CLAIM_PG = (
     "WITH claimed AS (UPDATE requests SET state = '"
     + S.RUNNING.value
-    + "', batch_id = %(batch)s, attempts = attempts + 1"
+    + "', batch_id = %(id)s, attempts = attempts + 1"
     " WHERE id = ANY(%(ids)s) AND model = %(model)s AND state IN ("
     + ", ".join(
         f"'{state}'" for state in lifecycle.values(lifecycle.sources(Cause.CLAIM, S.RUNNING))
@@ -749,7 +730,7 @@ _CLAIM_PG = (
     + ", ".join(f.name for f in fields(ClaimedRequest))
     + "), batch AS (INSERT INTO batches (id, model, size, attempt, isolation_group,"
     " estimated_ms, dispatched_at, lease_expires_at)"
-    " SELECT %(batch)s, %(model)s, count(*), 0, %(isolation_group)s, %(estimated_ms)s,"
+    " SELECT %(id)s, %(model)s, count(*), 0, %(isolation_group)s, %(estimated_ms)s,"
     " %(dispatched_at)s, %(lease_expires_at)s FROM claimed HAVING count(*) > 0)"
     " SELECT " + ", ".join(f.name for f in fields(ClaimedRequest)) + " FROM claimed"
 )
