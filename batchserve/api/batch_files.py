@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from batchserve.api.embeddings import embedding_response
 from batchserve.api.openai_schemas import chat_completion, text_completion
 from batchserve.api.statuses import error_body, failure_of, status_of
 from batchserve.core.bulk import Endpoint, JobCounts, JobLine, JobStatus, RenderedFiles
@@ -91,7 +92,13 @@ def _unpersisted(
 
 
 def _succeeded(endpoint: str, custom_id: str | None, record: RequestRecord) -> dict[str, Any]:
-    body = chat_completion(record) if endpoint == Endpoint.CHAT.value else text_completion(record)
+    body: dict[str, Any] | orjson.Fragment
+    if endpoint == Endpoint.EMBEDDINGS.value:
+        body = orjson.Fragment(embedding_response(record))  # the worker's JSON, as it is
+    elif endpoint == Endpoint.CHAT.value:
+        body = chat_completion(record)
+    else:
+        body = text_completion(record)
     return {
         "id": f"batch_req_{record.id.hex}",
         "custom_id": custom_id,

@@ -14,7 +14,14 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from batchserve.api.openai_schemas import ChatBody, CompletionBody, openai_field, openai_param
+from batchserve.api.embeddings import EmbeddingBody, build_embedding_command
+from batchserve.api.openai_schemas import (
+    ChatBody,
+    CompletionBody,
+    input_name,
+    openai_field,
+    openai_param,
+)
 from batchserve.api.submission import build_command
 from batchserve.core.bulk import Endpoint, IngestClaim, LineError
 from batchserve.core.domain import Lane, SubmitCommand
@@ -204,30 +211,34 @@ def _command(
     index: int,
     line: int,
 ) -> SubmitCommand:
-    schema = ChatBody if claim.endpoint is Endpoint.CHAT else CompletionBody
+    # What every line's request shares: its job, its lane, its deadline (the job's window).
+    line_fields: dict[str, Any] = {
+        "tenant": claim.tenant,
+        "idempotency_key": None,
+        "registry": registry,
+        "settings": settings,
+        "now": now,
+        "request_id": job_request_id(claim.job_id, index),
+        "deadline": claim.expires_at,
+        "lane": Lane.BULK,
+        "job_id": claim.job_id,
+        "custom_id": custom_id,
+        "job_line": line,
+    }
     try:
-        parsed = schema.model_validate(body)
-        submit = parsed.to_submit()
-        return build_command(
-            submit,
-            tenant=claim.tenant,
-            idempotency_key=None,
-            registry=registry,
-            settings=settings,
-            now=now,
-            request_id=job_request_id(claim.job_id, index),
-            deadline=claim.expires_at,
-            lane=Lane.BULK,
-            job_id=claim.job_id,
-            custom_id=custom_id,
-            job_line=line,
-        )
+        if claim.endpoint is Endpoint.EMBEDDINGS:
+            # token_counts=None: the worker refuses a text too long for the model.
+            embedding = EmbeddingBody.model_validate(body)
+            return build_embedding_command(embedding, token_counts=None, **line_fields)
+        schema = ChatBody if claim.endpoint is Endpoint.CHAT else CompletionBody
+        return build_command(schema.model_validate(body).to_submit(), **line_fields)
     except ValidationError as error:
         first = error.errors()[0]
-        param = "body." + openai_param(tuple(first.get("loc", ())))
+        loc = tuple(first.get("loc", ()))
+        param = "body." + openai_param(loc, input_name=input_name(claim.endpoint.value))
         raise _Refused("invalid_request", f"{param}: {first.get('msg')}", param) from error
     except ModelNotFound as error:
         raise _Refused("model_not_found", error.message, "body.model") from error
     except InvalidInput as error:
-        param = "body." + openai_field(error.field)
+        param = "body." + openai_field(error.field, input_name=input_name(claim.endpoint.value))
         raise _Refused("invalid_request", f"{param}: {error.message}", param) from error

@@ -18,7 +18,7 @@ from fastapi.responses import Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from batchserve.api.openai_schemas import openai_field, openai_param
+from batchserve.api.openai_schemas import input_name, openai_field, openai_param
 from batchserve.api.responses import JSON
 from batchserve.api.statuses import error_body, status_of
 from batchserve.core.errors import (
@@ -37,12 +37,11 @@ log = get_logger("batchserve.api")
 
 ERROR_FORMAT = "x-batchserve-error-format"
 # The routes that answer in OpenAI's shape (their bodies' size and JSON refusals too).
-OPENAI_PATHS = ("/v1/batches", "/v1/files", "/v1/chat/", "/v1/completions")
-# Where OpenAI's clients call: a path batchserve does not serve there (``/v1/embeddings``), or a
+OPENAI_PATHS = ("/v1/batches", "/v1/files", "/v1/chat/", "/v1/completions", "/v1/embeddings")
+# Where OpenAI's clients call: a path batchserve does not serve there (``/v1/responses``), or a
 # method it does not take, is answered in OpenAI's shape too, so the SDK shows the message.
 OPENAI_CLIENT_PATHS = (
     *OPENAI_PATHS,
-    "/v1/embeddings",
     "/v1/responses",
     "/v1/moderations",
     "/v1/images",
@@ -66,7 +65,7 @@ def openai_error(
     return JSON(error_body(status, message, code, param), status_code=status, headers=headers)
 
 
-def error_response(error: BatchserveError) -> JSON:
+def error_response(error: BatchserveError, *, input_name: str = "prompt") -> JSON:
     status = status_of(error)
     headers: dict[str, str] = {}
     if isinstance(error, Overloaded):
@@ -75,7 +74,9 @@ def error_response(error: BatchserveError) -> JSON:
         headers["Retry-After"] = "1"
     if isinstance(error, Unauthorized):
         headers["WWW-Authenticate"] = 'Bearer realm="batchserve"'
-    param = openai_field(error.field) if isinstance(error, InvalidInput) else None
+    param = None
+    if isinstance(error, InvalidInput):
+        param = openai_field(error.field, input_name=input_name)
     if isinstance(error, ModelNotFound):
         param = "model"
     code = error.code
@@ -92,12 +93,12 @@ def error_response(error: BatchserveError) -> JSON:
     return openai_error(status, error.message, code=code, param=param, headers=headers or None)
 
 
-def validation_response(error: RequestValidationError) -> JSON:
+def validation_response(error: RequestValidationError, *, input_name: str = "prompt") -> JSON:
     first = error.errors()[0] if error.errors() else {}
     if first.get("type") == "json_invalid":
         return openai_error(400, "the body is not valid JSON", code="invalid_json")
     loc = tuple(first.get("loc", ()))
-    param = openai_param(loc)
+    param = openai_param(loc, input_name=input_name)
     if first.get("type") == "missing":
         message = f"missing required parameter: {param!r}"
     else:
@@ -120,9 +121,9 @@ class OpenAIRoute(APIRoute):
             try:
                 return await handler(request)
             except RequestValidationError as error:
-                return validation_response(error)
+                return validation_response(error, input_name=input_name(request.url.path))
             except BatchserveError as error:
-                return error_response(error)
+                return error_response(error, input_name=input_name(request.url.path))
             except StarletteHTTPException as error:
                 return openai_error(error.status_code, str(error.detail))
 

@@ -234,12 +234,15 @@ def _submit(body: OpenAIBody, prompt: dict[str, Any], timeout_s: float | None) -
 _NAME = re.compile(r"[A-Za-z_]\w*(\[[A-Za-z_]\w*\])*")
 
 
-def openai_param(loc: tuple[Any, ...], body: OpenAIBody | None = None) -> str:
+def openai_param(
+    loc: tuple[Any, ...], body: OpenAIBody | None = None, *, input_name: str = "prompt"
+) -> str:
     """``params.max_tokens`` -> ``max_tokens``, ``messages.0.content`` -> ``messages[0].content``:
-    the field as the OpenAI caller named it."""
+    the field as the OpenAI caller named it. ``input_name``: what the endpoint calls the native
+    ``input`` (a completion's ``prompt``; embeddings keep ``input``)."""
     parts = [p for p in loc if p not in ("body", "query", "path", "params")]
     if parts and parts[0] == "input":
-        parts[0] = "prompt"
+        parts[0] = input_name
     if parts == ["max_tokens"] and body is not None and body.max_completion_tokens:
         parts = ["max_completion_tokens"]
     name = ""
@@ -251,10 +254,15 @@ def openai_param(loc: tuple[Any, ...], body: OpenAIBody | None = None) -> str:
     return name or "body"
 
 
-def openai_field(field: str) -> str:
+def input_name(path: str) -> str:
+    """What an OpenAI route calls its text: embeddings' ``input``, a completion's ``prompt``."""
+    return "input" if path.endswith("/embeddings") else "prompt"
+
+
+def openai_field(field: str, *, input_name: str = "prompt") -> str:
     """A native field name (``params.max_tokens``, ``input``) as the OpenAI caller knows it."""
     field = field.removeprefix("params.")
-    return "prompt" if field == "input" else field
+    return input_name if field == "input" else field
 
 
 def usage(record: RequestRecord) -> dict[str, int]:

@@ -237,6 +237,10 @@ class ModelOut(BaseModel):
     description: str
     # ``batch``: a batch runs as a unit; ``engine``: continuous batching, capacity in sequences.
     kind: str = "batch"
+    # The routes the model answers: ``["chat", "completions"]`` for a generative model,
+    # ``["embeddings"]`` for an encoder (whose vectors have ``dimensions`` numbers).
+    capabilities: list[str] = ["chat", "completions"]
+    dimensions: int | None = None
     # What the batcher believes a batch (engine models: a sequence) takes now, and where that
     # comes from (``fixed``, ``engine-profile``, ``learned``); null without a live batcher.
     estimate: dict[str, Any] | None = None

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
+from pydantic import BaseModel
 
 from batchserve.api.schemas import SubmitRequest
 from batchserve.core.domain import Lane, SubmitCommand
@@ -15,13 +16,14 @@ from batchserve.core.errors import ContextLengthExceeded, InvalidInput, ModelNot
 from batchserve.core.ids import uuid7
 from batchserve.core.settings import Settings
 from batchserve.core.ssrf import parse_webhook_url
+from batchserve.models.plugins import is_embedding
 from batchserve.models.registry import ModelSpec, Registry
 from batchserve.models.tokens import estimate_tokens
 
 MAX_IDEMPOTENCY_KEY = 255
 
 
-def fingerprint(body: SubmitRequest) -> str:
+def fingerprint(body: BaseModel) -> str:
     """The body as sent (unset defaults left out), canonical: key order and spacing don't count."""
     sent = body.model_dump(mode="json", exclude_unset=True)
     canonical = orjson.dumps(sent, option=orjson.OPT_SORT_KEYS)
@@ -99,7 +101,13 @@ def resolve_deadline(body: SubmitRequest, settings: Settings, now: datetime) -> 
                 limit={"max_s": settings.max_timeout_s},
             )
         return deadline
-    timeout_s = body.timeout_s if body.timeout_s is not None else settings.default_timeout_s
+    return deadline_in(body.timeout_s, settings, now)
+
+
+def deadline_in(timeout_s: float | None, settings: Settings, now: datetime) -> datetime:
+    """``timeout_s`` (the default where ``None``) from ``now``, within the longest allowed."""
+    if timeout_s is None:
+        timeout_s = settings.default_timeout_s
     if timeout_s > settings.max_timeout_s:
         raise InvalidInput(
             f"timeout_s must be at most {settings.max_timeout_s:.0f}",
@@ -152,6 +160,12 @@ def build_command(
     if body.timeout_s is not None and body.deadline is not None:
         raise InvalidInput("give at most one of `timeout_s` and `deadline`", field="deadline")
     spec = resolve_model(registry, body.model)
+    if is_embedding(spec):
+        raise InvalidInput(
+            f"{spec.name} is an embedding model: it embeds text (POST /v1/embeddings) and "
+            "generates none",
+            field="model",
+        )
     _refuse_nul(body)
     params = body.params
     if params.max_tokens is not None and params.max_tokens > spec.max_new_tokens:
@@ -212,10 +226,16 @@ async def exact_prompt_tokens(services: Any, body: SubmitRequest) -> int | None:
     counter = services.prompt_counter
     if (
         spec is None
+        or is_embedding(spec)  # refused by build_command: it generates nothing
         or not counter.exact(spec.name)
         or (body.input is None) == (body.messages is None)
     ):
         return None
     messages = [m.model_dump() for m in body.messages] if body.messages is not None else None
-    tokens: int = await counter.count(spec, body.input, messages)
+    try:
+        tokens: int = await counter.count(spec, body.input, messages)
+    except ValueError as error:  # a model whose tokenizer has no chat template
+        raise InvalidInput(
+            f"{spec.name} cannot take messages: {error}", field="messages"
+        ) from error
     return tokens

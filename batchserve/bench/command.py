@@ -32,6 +32,7 @@ SCENARIOS = (
     "frontdoor",
     "model",
     "streaming",
+    "embeddings",
     "all",
 )
 ALL = ("saturation", "overhead", "ingest", "bulk", "mixed")
@@ -111,6 +112,15 @@ def bench(
     client: Annotated[
         bool, typer.Option(help="Scenario streaming: also the aiperf client, streaming")
     ] = True,
+    embedding_model: Annotated[
+        str, typer.Option(help="Scenario embeddings: the encoder")
+    ] = "all-minilm-l6-v2",
+    texts: Annotated[
+        int, typer.Option(help="Scenario embeddings: texts of each batched figure")
+    ] = 2000,
+    one_at_a_time: Annotated[
+        int, typer.Option(help="Scenario embeddings: texts of each one-at-a-time figure")
+    ] = 200,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG plot here")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document")] = False,
 ) -> None:
@@ -127,6 +137,9 @@ def bench(
         )
     if scenario == "model":
         _model(model, prompts, max_tokens, mixed_s, vllm, transformers_cb, as_json)
+        return
+    if scenario == "embeddings":
+        _embeddings(embedding_model, texts, one_at_a_time, as_json)
         return
     if scenario == "streaming":
         from batchserve.bench.streaming import StreamingPlan, parse_workloads
@@ -246,25 +259,12 @@ def _model(
     if as_json:
         typer.echo(json.dumps(_finite(doc), indent=2))
         return
-    table = Table(
-        title=f"{name}: {prompts} chat prompts of {min(doc['prompt_tokens'])}-"
+    title = (
+        f"{name}: {prompts} chat prompts of {min(doc['prompt_tokens'])}-"
         f"{max(doc['prompt_tokens'])} tokens, {max_tokens} new tokens each, greedy, "
         f"{doc['threads']} thread(s)"
     )
-    for column in ("how", "tokens", "seconds", "tokens/s", ""):
-        table.add_column(column, justify="right")
-    for figure in doc["figures"]:
-        table.add_row(
-            figure["name"],
-            str(figure["tokens"]),
-            f"{figure['seconds']:.1f}",
-            f"{figure['tokens_per_s']:.1f}",
-            figure["notes"],
-        )
-    console.print(table)
-    for key, value in doc["ratios"].items():
-        if value is not None:
-            console.print(f"{key}: {value:.2f}x")
+    _print_figures(title, doc, "tokens")
     if doc["mixed"]:
         m = doc["mixed"]
         console.print(
@@ -272,6 +272,46 @@ def _model(
             f"capacity, {m['requests']} requests): short p90 {m['short_mixed_p90_s']:.2f} s "
             f"against {m['short_alone_p90_s']:.2f} s alone = {m['short_p90_vs_alone']:.2f}x"
         )
+
+
+def _embeddings(name: str, count: int, one_at_a_time: int, as_json: bool) -> None:
+    from batchserve.bench.embeddings import embeddings_scenario
+    from batchserve.core.settings import load_settings
+    from batchserve.models.registry import load_registry
+
+    spec = load_registry(load_settings().models).get(name)
+    if spec is None or spec.backend != "sentence-embedding":
+        raise typer.BadParameter(f"no embedding model {name}", param_hint="--embedding-model")
+    say = Console(stderr=True).print if as_json else console.print
+    result = _run_loop_any(
+        embeddings_scenario(spec, count=count, one_at_a_time=one_at_a_time, say=say)
+    )
+    doc = result.as_dict()
+    if as_json:
+        typer.echo(json.dumps(_finite(doc), indent=2))
+        return
+    _print_figures(
+        f"{name}: {doc['threads']} thread(s), {doc['micro_batch']} a pass", doc, "vectors"
+    )
+
+
+def _print_figures(title: str, doc: dict[str, Any], unit: str) -> None:
+    """A benchmark's figures (each ``unit`` counted, seconds, a rate) and its ratios."""
+    table = Table(title=title)
+    for column in ("how", unit, "seconds", f"{unit}/s", ""):
+        table.add_column(column, justify="right")
+    for figure in doc["figures"]:
+        table.add_row(
+            figure["name"],
+            str(figure[unit]),
+            f"{figure['seconds']:.2f}",
+            f"{figure[f'{unit}_per_s']:.1f}",
+            figure["notes"],
+        )
+    console.print(table)
+    for key, value in doc["ratios"].items():
+        if value is not None:
+            console.print(f"{key}: {value:.2f}x")
 
 
 def _run_loop_any(main: Coroutine[Any, Any, Any]) -> Any:

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import httpx
 import typer
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 console = Console(width=140)
@@ -151,7 +152,10 @@ def print_report(report: dict[str, Any]) -> None:
             _num(m["p99_ms"]),
             _num(m["recommended_workers"]),
         )
-    console.print(table)
+    # As wide as the table needs: a long model name must not cut a column's header short.
+    needed = Measurement.get(console, console.options.update(width=10_000), table).maximum
+    wide = Console(width=max(console.width, needed), file=console.file)
+    wide.print(table)
     for m in report["models"]:
         if m["batches"]:
             console.print(f"batch sizes {m['model']}: {_sizes(m['batch_sizes'])}")

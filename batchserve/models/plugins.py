@@ -35,6 +35,8 @@ log = get_logger("batchserve.plugins")
 
 GROUP = "batchserve.backends"
 Kind = Literal["batch", "engine"]
+# What a backend's models do: generate text (chat, completions) or embed it (embeddings).
+Task = Literal["generate", "embed"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class BackendPlugin:
     # (API and control plane) has none of torch, transformers or vLLM.
     requires: tuple[str, ...] = ()
     extra: str | None = None
+    task: Task = "generate"
 
     def missing(self) -> str | None:
         """Why this backend cannot load here (a module it needs is not installed), else None."""
@@ -80,6 +83,18 @@ def _tokenizer_dir_hf(spec: ModelSpec) -> Path | None:
     return tokenizer_dir(spec)
 
 
+def _prepare_embedding(spec: ModelSpec) -> object:
+    from batchserve.models.embedding import model_dir
+
+    return model_dir(spec)
+
+
+def _tokenizer_dir_embedding(spec: ModelSpec) -> Path | None:
+    from batchserve.models.embedding import tokenizer_dir
+
+    return tokenizer_dir(spec)
+
+
 FIXED = BackendPlugin("fixed", "batch", "batchserve.models.fixed:FixedBackend")
 FAULTY = BackendPlugin("faulty", "batch", "batchserve.models.faulty:FaultyBackend")
 TRANSFORMERS = BackendPlugin(
@@ -102,8 +117,19 @@ VLLM = BackendPlugin(
     requires=("vllm",),
     extra="vllm",
 )
+SENTENCE_EMBEDDING = BackendPlugin(
+    "sentence-embedding",
+    "batch",
+    "batchserve.models.embedding:EmbeddingBackend",
+    holds_weights=True,
+    prepare=_prepare_embedding,
+    tokenizer_dir=_tokenizer_dir_embedding,
+    requires=("torch", "transformers"),
+    extra="transformers",
+    task="embed",
+)
 # What an uninstalled source tree (no package metadata) still knows.
-_BUILT_IN = {p.name: p for p in (FIXED, FAULTY, TRANSFORMERS, VLLM)}
+_BUILT_IN = {p.name: p for p in (FIXED, FAULTY, TRANSFORMERS, VLLM, SENTENCE_EMBEDDING)}
 
 
 @functools.cache
@@ -149,3 +175,8 @@ def servable(specs: Iterable[ModelSpec]) -> tuple[list[ModelSpec], dict[str, str
 
 def is_engine(spec: ModelSpec) -> bool:
     return plugin_for(spec).kind == "engine"
+
+
+def is_embedding(spec: ModelSpec) -> bool:
+    """Whether the model embeds text (``/v1/embeddings``) rather than generating it."""
+    return plugin_for(spec).task == "embed"

@@ -35,6 +35,10 @@ def _special(value: Any) -> str:
 class FileTokenizer:
     def __init__(self, directory: Path) -> None:
         self._tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        # Counts are of the whole text: a tokenizer.json may carry truncation and padding
+        # settings (sentence-transformers' do: 128 tokens), which would hide a text too long.
+        self._tokenizer.no_truncation()
+        self._tokenizer.no_padding()
         config_path = directory / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.exists() else {}
         template = config.get("chat_template")
@@ -70,6 +74,12 @@ class FileTokenizer:
             )
             return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
         return list(self._tokenizer.encode(input_text or "", add_special_tokens=True).ids)
+
+    def count_texts(self, texts: list[str]) -> list[int]:
+        """Each text's token count, with the special tokens the model's encoder adds (the
+        texts of an embedding request: an encoder sees each one alone)."""
+        encoded = self._tokenizer.encode_batch(texts, add_special_tokens=True)
+        return [len(e.ids) for e in encoded]
 
 
 def file_tokenizer(directory: Path) -> FileTokenizer:

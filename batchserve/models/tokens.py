@@ -95,3 +95,13 @@ class PromptCounter:
         if size > _LONG_PROMPT_CHARS:
             return len(await asyncio.to_thread(tokenizer.encode_prompt, input_text, messages))
         return len(tokenizer.encode_prompt(input_text, messages))
+
+    async def count_texts(self, spec: ModelSpec, texts: list[str]) -> list[int] | None:
+        """Each text's exact token count, or ``None`` while the model's tokenizer is not
+        loaded (the worker then refuses a text too long for the model)."""
+        tokenizer = self._tokenizers.get(spec.name)
+        if tokenizer is None:
+            return None
+        if sum(len(t) for t in texts) > _LONG_PROMPT_CHARS:
+            return await asyncio.to_thread(tokenizer.count_texts, texts)
+        return tokenizer.count_texts(texts)

@@ -35,10 +35,44 @@ def _run_batch(payload: dict[str, Any]) -> None:
     RuntimeHolder.get().run(payload)
 
 
-class _Heartbeat:
-    """Announces this worker's slots to the batcher until the worker stops."""
+class _ReadyProcesses:
+    """Which pool processes have loaded their model: each leaves a file named by its pid.
 
-    def __init__(self, settings: Settings, spec: ModelSpec, slots: int) -> None:
+    Celery calls the worker ready once its consumer is, while the pool processes may still be
+    loading weights (seconds, for a real model): a slot announced then takes a batch that waits
+    for the load, past its lease. The slots are announced once every pool process is ready."""
+
+    def __init__(self, processes: int) -> None:
+        self.processes = processes
+        self.directory = Path(tempfile.mkdtemp(prefix="batchserve-ready-"))
+
+    def mark(self) -> None:
+        (self.directory / str(os.getpid())).touch()
+
+    def count(self) -> int:
+        return sum(1 for path in self.directory.iterdir() if _alive(int(path.name)))
+
+    def remove(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _Heartbeat:
+    """Announces this worker's slots to the batcher, once its pool processes are ready,
+    until the worker stops."""
+
+    def __init__(
+        self, settings: Settings, spec: ModelSpec, slots: int, ready: _ReadyProcesses
+    ) -> None:
         assert settings.redis_url
         worker = f"{spec.name}@{socket.gethostname()}:{os.getpid()}"
         self._registration = SlotRegistration(
@@ -47,12 +81,18 @@ class _Heartbeat:
         self._period_s = settings.worker_heartbeat_s
         self._ttl_s = settings.worker_ttl_s
         self._stop = threading.Event()
+        self._ready = ready
+        self._model = spec.name
         self._thread = threading.Thread(target=self._loop, name="slot-heartbeat", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def _loop(self) -> None:
+        while self._ready.count() < self._ready.processes:
+            if self._stop.wait(0.05):
+                return
+        log.info("slots_announced", model=self._model, processes=self._ready.processes)
         while not self._stop.is_set():
             self._registration.beat(self._ttl_s)
             self._stop.wait(self._period_s)
@@ -101,12 +141,15 @@ def run_worker(settings: Settings, spec: ModelSpec, *, slots: int, loglevel: str
     standby = standby_enabled(settings, spec)
     gate_dir = Path(tempfile.mkdtemp(prefix="batchserve-gate-")) if standby else None
     RuntimeHolder.gate = SlotGate.create(gate_dir, slots) if gate_dir is not None else None
-    heartbeat = _Heartbeat(settings, spec, slots)
+    concurrency = 2 * slots if standby else slots
+    ready = _ReadyProcesses(concurrency)
+    heartbeat = _Heartbeat(settings, spec, slots, ready)
 
     @signals.worker_process_init.connect(weak=False)
     def _init_process(**_: Any) -> None:
         RuntimeHolder.runtime = None  # never reuse the parent's loop or connections
         RuntimeHolder.get()
+        ready.mark()
 
     @signals.worker_ready.connect(weak=False)
     def _ready(**_: Any) -> None:
@@ -133,11 +176,12 @@ def run_worker(settings: Settings, spec: ModelSpec, *, slots: int, loglevel: str
             remove_multiprocess_dir(metrics_dir)
         if gate_dir is not None:
             shutil.rmtree(gate_dir, ignore_errors=True)
+        ready.remove()
 
     worker = app.Worker(
         hostname=f"{spec.name}@{socket.gethostname()}.{os.getpid()}",
         queues=[batches_queue_name(settings, spec.name)],
-        concurrency=2 * slots if standby else slots,
+        concurrency=concurrency,
         pool="prefork",
         loglevel=loglevel,
         without_gossip=True,

@@ -210,3 +210,29 @@ def test_frontdoor_answers_every_caller_on_each_path_beside_the_baseline(
         ("sync", 20.0, None),
     ]
     assert set(doc["goals"]["served_vs_ideal"]) == {"baseline", "longpoll", "sync"}
+
+
+def test_embeddings_measures_batched_against_one_at_a_time(run_id: str) -> None:
+    env = {
+        "BATCHSERVE_DATABASE_URL": servers.pg_url(f"{servers.DB_PREFIX}{run_id}"),
+        "BATCHSERVE_BROKER_URL": servers.BROKER_URL,
+        "BATCHSERVE_REDIS_URL": servers.REDIS_URL,
+    }
+    command = ["bench", "--scenario", "embeddings", "--texts", "96", "--one-at-a-time", "8"]
+    done = CliRunner().invoke(CLI, [*command, "--json"], env=env, catch_exceptions=False)
+    assert done.exit_code == 0, done.stderr[-3000:]
+    document = json.loads(done.stdout)
+    assert document["scenario"] == "embeddings" and document["model"] == "all-minilm-l6-v2"
+    figures = {f["name"]: f for f in document["figures"]}
+    assert figures.keys() == {
+        "model-one-a-batch",
+        "model-batched",
+        "service-one-at-a-time",
+        "service-concurrent",
+        "service-batch-job",
+    }
+    for name, figure in figures.items():
+        one = name in ("model-one-a-batch", "service-one-at-a-time")
+        assert figure["vectors"] == (8 if one else 96), name
+        assert figure["seconds"] > 0 and figure["vectors_per_s"] > 0, name
+    assert all(value > 0 for value in document["ratios"].values())

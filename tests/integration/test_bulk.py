@@ -636,7 +636,7 @@ async def test_batch_creation_refuses_bad_endpoint_window_and_file(
 ) -> None:
     file_id = await upload(client, jsonl([chat_line("a", "x")]))
     base = {"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"}
-    bad_endpoint = await client.post("/v1/batches", json=base | {"endpoint": "/v1/embeddings"})
+    bad_endpoint = await client.post("/v1/batches", json=base | {"endpoint": "/v1/responses"})
     assert bad_endpoint.status_code == 400 and bad_endpoint.json()["error"]["param"] == "endpoint"
     bad_window = await client.post("/v1/batches", json=base | {"completion_window": "30d"})
     assert bad_window.json()["error"]["param"] == "completion_window"

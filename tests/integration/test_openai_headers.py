@@ -41,8 +41,9 @@ async def test_paths_an_openai_client_calls_answer_404_and_405_in_openai_shape(
     client: httpx.AsyncClient,
 ) -> None:
     for method, path, status in [
-        ("POST", "/v1/embeddings", 404),  # not served: the SDK shows the message
-        ("POST", "/v1/responses", 404),
+        ("POST", "/v1/responses", 404),  # not served: the SDK shows the message
+        ("POST", "/v1/moderations", 404),
+        ("GET", "/v1/embeddings", 405),
         ("GET", "/v1/chat/completions", 405),
         ("PUT", "/v1/files/file-x", 405),
     ]:

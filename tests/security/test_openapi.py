@@ -25,7 +25,11 @@ async def test_the_document_states_the_limits_the_routes_enforce(app: FastAPI) -
     assert wait["schema"]["maximum"] == settings.max_wait_s
     schemas = app.openapi()["components"]["schemas"]
     batch = schemas["CreateBatch"]["properties"]
-    assert batch["endpoint"]["enum"] == ["/v1/chat/completions", "/v1/completions"]
+    assert batch["endpoint"]["enum"] == [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+    ]
     assert "24h" in batch["completion_window"]["enum"]
     chat = schemas["ChatBody"]["properties"]
     assert chat["model"]["minLength"] == 1 and chat["tools"]["maxItems"] == 0

@@ -5,11 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from batchserve.api.deps import Services, get_caller
+from batchserve.api.embeddings import dimensions_of
 from batchserve.api.responses import JSON
 from batchserve.api.schemas import ModelList, ModelOut, dump
 from batchserve.api.submission import resolve_model
 from batchserve.core.loadboard import LoadBoard, LoadSnapshot
-from batchserve.models.plugins import plugin_for
+from batchserve.models.plugins import is_embedding, plugin_for
 from batchserve.models.registry import ModelSpec
 
 router = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[Depends(get_caller)])
@@ -27,6 +28,8 @@ def _model_out(spec: ModelSpec, snapshot: LoadSnapshot | None) -> ModelOut:
         policy=spec.policy,
         description=spec.description,
         kind=plugin_for(spec).kind,
+        capabilities=["embeddings"] if is_embedding(spec) else ["chat", "completions"],
+        dimensions=dimensions_of(spec) if is_embedding(spec) else None,
         estimate=snapshot.estimate or None if snapshot is not None else None,
         capacity=None if snapshot is None else _capacity(snapshot),
     )

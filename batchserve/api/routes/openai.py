@@ -20,6 +20,12 @@ from fastapi.responses import Response
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from batchserve.api.deps import Caller, IdempotencyKey, Services, get_caller
+from batchserve.api.embeddings import (
+    EmbeddingBody,
+    build_embedding_command,
+    embedding_model,
+    embedding_response,
+)
 from batchserve.api.intake import admit
 from batchserve.api.openai_errors import OpenAIRoute
 from batchserve.api.openai_schemas import (
@@ -97,6 +103,31 @@ async def create_completion(
         record = await _submit(services, caller, command)
         return _stream(services, caller, record, _format(body, chat=False))
     return JSON(text_completion(await _submit_and_answer(services, caller, command, request)))
+
+
+@router.post("/embeddings")
+async def create_embeddings(
+    body: EmbeddingBody,
+    services: Services,
+    caller: Caller,
+    request: Request,
+    idempotency_key: IdempotencyKey = None,
+) -> Response:
+    """Embeddings, OpenAI's way: one request for all of the call's texts, batched with other
+    calls' by the tokens they hold (``Idempotency-Key`` as for chat)."""
+    spec = embedding_model(services.adapters.registry, body.model)
+    command = build_embedding_command(
+        body,
+        tenant=caller.name,
+        idempotency_key=idempotency_key,
+        registry=services.adapters.registry,
+        settings=services.settings,
+        now=services.now(),
+        token_counts=await services.prompt_counter.count_texts(spec, body.texts()),
+        timeout_s=services.settings.openai_timeout_s,
+    )
+    record = await _submit_and_answer(services, caller, command, request)
+    return Response(embedding_response(record), media_type="application/json")
 
 
 def _format(body: OpenAIBody, *, chat: bool) -> ChunkFormat:
