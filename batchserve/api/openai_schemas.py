@@ -1,8 +1,10 @@
 """The OpenAI request and response shapes of ``/v1/chat/completions`` and ``/v1/completions``,
 and their translation to and from batchserve's own request (so the same limits apply).
 
-Unknown fields are ignored (clients send many harmless ones), but those that would change the
-answer and that the backends cannot honour (``n`` > 1, tools, logprobs) are refused.
+Every field is honoured or refused with a 400 naming it; none is dropped. The fields OpenAI
+defines that batchserve does not implement are taken only at the value that changes nothing
+(``store: false``, ``tool_choice: "none"``, ...: :data:`INERT`), and an unknown field is
+refused.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pydantic import (
     Field,
     StrictBool,
     StrictFloat,
+    StrictStr,
     ValidationError,
 )
 
@@ -41,19 +44,57 @@ _NOT_LIMITS = ("title", "default", "type")
 
 def checked_as(model: type[BaseModel], field: str, default: Any = ...) -> Any:
     """A field the translated request checks as ``model.field``: the document states that
-    field's limits, taken from its JSON Schema (less its title, default and type)."""
-    native = model.model_json_schema()["properties"][field]
+    field's limits, taken from its JSON Schema (less its title, default and type; the models
+    it refers to written out, as this document does not hold them)."""
+    schema = model.model_json_schema()
+    native = _inline(schema["properties"][field], schema.get("$defs", {}))
     return documented(default, **{k: v for k, v in native.items() if k not in _NOT_LIMITS})
 
 
+def _inline(schema: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(schema, dict):
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/"):
+            return _inline(defs[ref.removeprefix("#/$defs/")], defs)
+        return {k: _inline(v, defs) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_inline(item, defs) for item in schema]
+    return schema
+
+
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+def _absent(value: Any) -> bool:
+    return value is None or value == [] or value == {}
+
+
+# OpenAI's fields that batchserve does not implement, and the values at which they change
+# nothing (an SDK or framework may send them so): taken then, refused otherwise.
+INERT: dict[str, Any] = {
+    "store": lambda v: v in (None, False),
+    "service_tier": lambda v: v in (None, "auto", "default"),
+    "parallel_tool_calls": lambda v: v is None or isinstance(v, bool),  # no tools: moot
+    "tool_choice": lambda v: v in (None, "none", "auto"),
+    "functions": _absent,
+    "function_call": lambda v: v in (None, "none", "auto"),
+    "top_logprobs": lambda v: v in (None, 0),
+    "modalities": lambda v: v is None or v in ([], ["text"]),
+    "audio": _absent,
+    "prediction": _absent,
+    "reasoning_effort": _absent,
+    "web_search_options": _absent,
+    "verbosity": _absent,
+    "prompt_cache_key": lambda v: v is None or isinstance(v, str),  # a cache hint
+    "safety_identifier": lambda v: v is None or isinstance(v, str),
+}
 
 
 class OpenAIBody(BaseModel):
     """Fields both endpoints share. Limits are checked on the translated request."""
 
     model_config = ConfigDict(
-        extra="ignore",
+        extra="forbid",
         # stream_options only beside stream=true (refuse_unsupported refuses it otherwise).
         json_schema_extra={
             "anyOf": [
@@ -74,7 +115,35 @@ class OpenAIBody(BaseModel):
     stop: str | list[str] | None = checked_as(GenerationParams, "stop", None)
     seed: JsonInt | None = checked_as(GenerationParams, "seed", None)
     ignore_eos: StrictBool | None = None  # vLLM's extension
+    top_k: JsonInt | None = checked_as(GenerationParams, "top_k", None)  # vLLM's
+    min_p: StrictFloat | None = checked_as(GenerationParams, "min_p", None)  # vLLM's
+    presence_penalty: StrictFloat | None = checked_as(GenerationParams, "presence_penalty", None)
+    frequency_penalty: StrictFloat | None = checked_as(GenerationParams, "frequency_penalty", None)
+    repetition_penalty: StrictFloat | None = checked_as(
+        GenerationParams, "repetition_penalty", None
+    )  # vLLM's
+    logit_bias: dict[str, Any] | None = checked_as(GenerationParams, "logit_bias", None)
+    min_tokens: JsonInt | None = checked_as(GenerationParams, "min_tokens", None)  # vLLM's
+    response_format: dict[str, Any] | None = checked_as(GenerationParams, "response_format", None)
+    # OpenAI's end-user id: kept as the request's metadata ``user``.
+    user: StrictStr | None = documented(None, maxLength=512)
     n: JsonInt | None = documented(None, minimum=1, maximum=1)
+    # OpenAI's fields taken only at the value that changes nothing (INERT says which).
+    store: Any = documented(None, enum=[False, None])
+    service_tier: Any = documented(None, enum=["auto", "default", None])
+    parallel_tool_calls: Any = documented(None, type=["boolean", "null"])
+    tool_choice: Any = documented(None, enum=["none", "auto", None])
+    functions: Any = documented(None, type=["array", "null"], maxItems=0)
+    function_call: Any = documented(None, enum=["none", "auto", None])
+    top_logprobs: Any = documented(None, enum=[0, None])
+    modalities: Any = documented(None, type=["array", "null"], items={"enum": ["text"]}, maxItems=1)
+    audio: Any = documented(None, type="null")
+    prediction: Any = documented(None, type="null")
+    reasoning_effort: Any = documented(None, type="null")
+    web_search_options: Any = documented(None, type="null")
+    verbosity: Any = documented(None, type="null")
+    prompt_cache_key: Any = documented(None, type=["string", "null"])
+    safety_identifier: Any = documented(None, type=["string", "null"])
     stream: StrictBool | None = None
     stream_options: StreamOptions | None = None
     logprobs: Any = documented(None, enum=[False, None])
@@ -98,6 +167,12 @@ class OpenAIBody(BaseModel):
             raise InvalidInput("only n=1 is supported", field="n", limit={"le": 1})
         if self.logprobs:
             raise InvalidInput("logprobs are not supported", field="logprobs")
+        for name, inert in INERT.items():
+            if not inert(getattr(self, name)):
+                raise InvalidInput(
+                    f"{name} is not supported (only at the value that changes nothing)",
+                    field=name,
+                )
 
     def params(self) -> dict[str, Any]:
         params: dict[str, Any] = {}
@@ -109,6 +184,14 @@ class OpenAIBody(BaseModel):
             ("stop", self.stop),
             ("seed", self.seed),
             ("ignore_eos", self.ignore_eos),
+            ("top_k", self.top_k),
+            ("min_p", self.min_p),
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+            ("repetition_penalty", self.repetition_penalty),
+            ("logit_bias", self.logit_bias),
+            ("min_tokens", self.min_tokens),
+            ("response_format", self.response_format),
         ):
             if value is not None:
                 params[name] = value
@@ -116,17 +199,35 @@ class OpenAIBody(BaseModel):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"required": ["type", "text"]})
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"required": ["type", "text"]})
 
     type: str = documented(enum=["text"])
     text: str | None = documented(None, type="string")
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """A chat message. The chat templates render a role and a text: a message's name, tool
+    calls or audio would be dropped, so they are refused (a null or empty one is taken)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     role: str = documented(enum=list(ROLES))
     content: str | list[ContentPart] | None = None
+    name: Any = documented(None, type="null")
+    tool_calls: Any = documented(None, type=["array", "null"], maxItems=0)
+    tool_call_id: Any = documented(None, type="null")
+    function_call: Any = documented(None, type="null")
+    refusal: Any = documented(None, type="null")
+    audio: Any = documented(None, type="null")
+
+    def refuse_unsupported(self, index: int) -> None:
+        for name in ("name", "tool_calls", "tool_call_id", "function_call", "refusal", "audio"):
+            if not _absent(getattr(self, name)):
+                raise InvalidInput(
+                    f"{name} on a message is not supported (the chat template renders a role "
+                    "and a text)",
+                    field=f"messages[{index}].{name}",
+                )
 
 
 class ChatBody(OpenAIBody):
@@ -143,6 +244,8 @@ class ChatBody(OpenAIBody):
         self.refuse_unsupported(can_stream=can_stream)
         if self.tools:
             raise InvalidInput("tools are not supported", field="tools")
+        for i, message in enumerate(self.messages):
+            message.refuse_unsupported(i)
         messages = [
             {"role": _role(m.role, i), "content": _text(m, i)} for i, m in enumerate(self.messages)
         ]
@@ -217,8 +320,9 @@ def _text(message: Message, index: int) -> str:
 
 def _submit(body: OpenAIBody, prompt: dict[str, Any], timeout_s: float | None) -> SubmitRequest:
     data: dict[str, Any] = {"model": body.model, "params": body.params(), **prompt}
-    if body.metadata is not None:
-        data["metadata"] = body.metadata
+    if body.metadata is not None or body.user is not None:
+        user = {"user": body.user} if body.user is not None else {}
+        data["metadata"] = {**user, **(body.metadata or {})}
     if timeout_s is not None:
         data["timeout_s"] = timeout_s
     try:

@@ -13,6 +13,8 @@ from pydantic import (
     StrictBool,
     StrictFloat,
     StringConstraints,
+    WithJsonSchema,
+    model_validator,
 )
 from pydantic import Strict as StrictMode
 
@@ -71,6 +73,97 @@ class ChatMessage(Strict):
     content: Annotated[str, StringConstraints(max_length=200_000)]
 
 
+MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
+MAX_TOP_K = 1000
+TokenId = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,9}$")]
+Bias = Annotated[float, StrictMode(), Field(ge=-100.0, le=100.0)]
+Penalty = Annotated[float, StrictMode(), Field(ge=-2.0, le=2.0)]
+
+
+LogitBias = Annotated[
+    dict[TokenId, Bias],
+    Field(max_length=MAX_LOGIT_BIAS),
+    # Every key a token id: no other key is valid (the document says so, not only the code).
+    WithJsonSchema(
+        {
+            "type": "object",
+            "maxProperties": MAX_LOGIT_BIAS,
+            "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+            "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+        }
+    ),
+]
+
+
+class JsonSchemaFormat(Strict):
+    """OpenAI's ``response_format.json_schema``: the schema the answer must follow."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    # ``schema`` shadows a BaseModel attribute: the field has another name, the JSON this one.
+    json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    # Honoured either way: the grammar admits only what the schema does.
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(Strict):
+    """OpenAI's ``response_format``: plain text, any JSON object, or JSON of a schema, decoded
+    under a grammar (the transformers engine: llguidance; vLLM: its structured outputs)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        # json_schema with type json_schema, and only then.
+        json_schema_extra={
+            "anyOf": [
+                {
+                    "properties": {
+                        "type": {"enum": ["text", "json_object"]},
+                        "json_schema": {"type": "null"},
+                    }
+                },
+                {
+                    "properties": {
+                        "type": {"const": "json_schema"},
+                        "json_schema": {"type": "object"},
+                    },
+                    "required": ["json_schema"],
+                },
+            ]
+        },
+    )
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is given with type json_schema, and only then")
+        return self
+
+    def stored(self) -> dict[str, Any] | None:
+        """What the request keeps (``None`` for plain text)."""
+        if self.type == "text":
+            return None
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# The generation fields past the basic ones: a backend honours them or the request is refused
+# (``BackendPlugin.sampling``), with each one's value that changes nothing.
+EXTENDED_DEFAULTS: dict[str, Any] = {
+    "top_k": 0,
+    "min_p": 0.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "logit_bias": None,
+    "min_tokens": 0,
+    "response_format": None,
+}
+
+
 class GenerationParams(Strict):
     # None: the model's max_new_tokens, bounded by the context left after the prompt.
     max_tokens: MaxTokens | None = Field(
@@ -85,6 +178,21 @@ class GenerationParams(Strict):
     # Generate all of max_tokens even past an end-of-sequence token (vLLM's parameter; load
     # tests use it for answers of a known length).
     ignore_eos: StrictBool = False
+    # Sampling: the most likely k tokens only (0: all); tokens at least min_p times as likely
+    # as the most likely one.
+    top_k: JsonInt = Field(default=0, ge=0, le=MAX_TOP_K)
+    min_p: StrictFloat = Field(default=0.0, ge=0.0, le=1.0)
+    # OpenAI's: minus presence once, frequency per time, for each token generated so far.
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    # vLLM's (and transformers'): a token already in the prompt or the answer has its logit
+    # divided by this (multiplied, if negative).
+    repetition_penalty: StrictFloat = Field(default=1.0, gt=0.0, le=2.0)
+    # Token id (a string, as OpenAI's JSON has it) -> added to its logit.
+    logit_bias: LogitBias | None = None
+    # No end of sequence before this many tokens (vLLM's parameter).
+    min_tokens: JsonInt = Field(default=0, ge=0, le=MAX_TOKENS)
+    response_format: ResponseFormat | None = None
 
     def stop_list(self) -> list[str]:
         if self.stop is None:

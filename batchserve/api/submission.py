@@ -10,13 +10,18 @@ from typing import Any
 import orjson
 from pydantic import BaseModel
 
-from batchserve.api.schemas import SubmitRequest
+from batchserve.api.schemas import (
+    EXTENDED_DEFAULTS,
+    GenerationParams,
+    ResponseFormat,
+    SubmitRequest,
+)
 from batchserve.core.domain import Lane, SubmitCommand
 from batchserve.core.errors import ContextLengthExceeded, InvalidInput, ModelNotFound
 from batchserve.core.ids import uuid7
 from batchserve.core.settings import Settings
 from batchserve.core.ssrf import parse_webhook_url
-from batchserve.models.plugins import is_embedding
+from batchserve.models.plugins import is_embedding, plugin_for
 from batchserve.models.registry import ModelSpec, Registry
 from batchserve.models.tokens import estimate_tokens
 
@@ -87,6 +92,53 @@ def default_max_tokens(spec: ModelSpec, prompt_tokens: int) -> int:
     ``max_new_tokens``, bounded by the context left after the prompt (one token at least: a
     prompt that fills the context is refused by its exact count)."""
     return max(1, min(spec.max_new_tokens, spec.context_length - prompt_tokens))
+
+
+def extended_params(spec: ModelSpec, params: GenerationParams, max_tokens: int) -> dict[str, Any]:
+    """The request's generation fields past the basic ones, where they change anything; each
+    refused, by name, where the model's backend cannot honour it."""
+    chosen: dict[str, Any] = {}
+    for name, default in EXTENDED_DEFAULTS.items():
+        value = getattr(params, name)
+        if value is None or value == default:
+            continue
+        if isinstance(value, ResponseFormat):
+            value = value.stored()
+            if value is None:  # {"type": "text"}: what every model does
+                continue
+            check_response_format(value)
+        if name not in plugin_for(spec).sampling:
+            raise InvalidInput(
+                f"params.{name} is not supported by {spec.name} (backend {spec.backend})",
+                field=f"params.{name}",
+            )
+        chosen[name] = value
+    if params.min_tokens > max_tokens:
+        raise InvalidInput(
+            f"params.min_tokens ({params.min_tokens}) is more than max_tokens ({max_tokens})",
+            field="params.min_tokens",
+            limit={"le": max_tokens},
+        )
+    return chosen
+
+
+def check_response_format(response_format: dict[str, Any]) -> None:
+    """Refuse a format whose grammar cannot be built (a schema llguidance does not take),
+    naming the schema, rather than fail the request on a worker."""
+    from llguidance import LLMatcher
+
+    from batchserve.models.formats import grammar_of
+
+    field = "params.response_format"
+    if response_format["type"] == "json_schema":  # with its json_schema (ResponseFormat)
+        field = "params.response_format.json_schema.schema"
+    try:
+        grammar = grammar_of(response_format)
+        error = LLMatcher.validate_grammar(grammar) if grammar is not None else ""
+    except (ValueError, TypeError) as failure:
+        error = str(failure)
+    if error:
+        raise InvalidInput(f"the schema cannot be decoded under: {error}", field=field)
 
 
 def resolve_deadline(body: SubmitRequest, settings: Settings, now: datetime) -> datetime:
@@ -206,6 +258,7 @@ def build_command(
             "stop": params.stop_list(),
             "seed": params.seed,
             **({"ignore_eos": True} if params.ignore_eos else {}),
+            **extended_params(spec, params, max_tokens),
         },
         created_at=now,
         deadline=deadline or resolve_deadline(body, settings, now),

@@ -34,6 +34,15 @@ class SequenceRequest:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+    top_k: int = 0  # 0: every token
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    # OpenAI's response_format: {"type": "json_object"} or {"type": "json_schema", ...}.
+    response_format: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, item: BatchItem, max_new_tokens: int) -> SequenceRequest:
@@ -41,6 +50,7 @@ class SequenceRequest:
         params = item.params
         stop = params.get("stop") or ()
         temperature = params.get("temperature")  # absent means the API's default, 1.0
+        bias = params.get("logit_bias") or {}
         return cls(
             request_id=item.request_id,
             input=item.input,
@@ -51,6 +61,14 @@ class SequenceRequest:
             stop=(stop,) if isinstance(stop, str) else tuple(s for s in stop if s),
             seed=None if params.get("seed") is None else int(params["seed"]),
             ignore_eos=bool(params.get("ignore_eos", False)),
+            top_k=int(params.get("top_k") or 0),
+            min_p=float(params.get("min_p") or 0.0),
+            presence_penalty=float(params.get("presence_penalty") or 0.0),
+            frequency_penalty=float(params.get("frequency_penalty") or 0.0),
+            repetition_penalty=float(params.get("repetition_penalty") or 1.0),
+            logit_bias=tuple(sorted((int(k), float(v)) for k, v in bias.items())),
+            min_tokens=int(params.get("min_tokens") or 0),
+            response_format=params.get("response_format"),
         )
 
 

@@ -55,6 +55,9 @@ class BackendPlugin:
     requires: tuple[str, ...] = ()
     extra: str | None = None
     task: Task = "generate"
+    # The generation fields past max_tokens, temperature, top_p, stop, seed and ignore_eos that
+    # the backend honours; a request that sets another is refused, naming it.
+    sampling: frozenset[str] = frozenset()
 
     def missing(self) -> str | None:
         """Why this backend cannot load here (a module it needs is not installed), else None."""
@@ -95,6 +98,20 @@ def _tokenizer_dir_embedding(spec: ModelSpec) -> Path | None:
     return tokenizer_dir(spec)
 
 
+# What both engines honour (the transformers engine itself; vLLM by its SamplingParams).
+ENGINE_SAMPLING = frozenset(
+    {
+        "top_k",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "logit_bias",
+        "min_tokens",
+        "response_format",
+    }
+)
+
 FIXED = BackendPlugin("fixed", "batch", "batchserve.models.fixed:FixedBackend")
 FAULTY = BackendPlugin("faulty", "batch", "batchserve.models.faulty:FaultyBackend")
 TRANSFORMERS = BackendPlugin(
@@ -106,6 +123,7 @@ TRANSFORMERS = BackendPlugin(
     tokenizer_dir=_tokenizer_dir_hf,
     requires=("torch", "transformers"),
     extra="transformers",
+    sampling=ENGINE_SAMPLING,
 )
 VLLM = BackendPlugin(
     "vllm",
@@ -116,6 +134,7 @@ VLLM = BackendPlugin(
     tokenizer_dir=_tokenizer_dir_hf,
     requires=("vllm",),
     extra="vllm",
+    sampling=ENGINE_SAMPLING,
 )
 SENTENCE_EMBEDDING = BackendPlugin(
     "sentence-embedding",

@@ -44,6 +44,7 @@ from batchserve.models.engine import (
     failed_update,
     warmup_prompts,
 )
+from batchserve.models.formats import grammar_of
 from batchserve.models.hf import (
     cpu_threads,
     dtype_for,
@@ -54,7 +55,13 @@ from batchserve.models.hf import (
 )
 from batchserve.models.kv_rows import ROW_ATTENTION, RowCache, Segment
 from batchserve.models.registry import ModelSpec
-from batchserve.models.sampling import sample_token, seeded_generator
+from batchserve.models.sampling import (
+    Shaping,
+    allow_only,
+    sample_token,
+    seeded_generator,
+    shape_logits,
+)
 from batchserve.models.scheduling import common_prefix, prefill_chunks, round_up
 from batchserve.models.textstream import TextStream
 
@@ -77,6 +84,14 @@ class _Sequence:
     prefilled: int = 0  # prompt tokens in the cache
     generated: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    shaping: Shaping = field(default_factory=Shaping)
+    # The request's response_format as an llguidance matcher: which tokens may come next.
+    matcher: Any = None
+
+    @property
+    def plain(self) -> bool:
+        """Whether its next token is the logits' own choice (no processing, greedy)."""
+        return self.matcher is None and not self.shaping.active and self.request.temperature <= 0
 
     @property
     def reserve(self) -> int:
@@ -149,6 +164,7 @@ class TransformersEngine(Engine):
         self._closed = False
         self._thread: threading.Thread | None = None
         self._emit: OnUpdates = lambda updates: None
+        self._ll_tokenizer: Any = None
         self.steps = 0
         self.shared_prefix_tokens = 0  # prompt tokens copied from another sequence's cache
         self.last_step_at = clock()
@@ -270,14 +286,53 @@ class TransformersEngine(Engine):
             code = ErrorCode.CONTEXT_LENGTH_EXCEEDED
             updates.append(failed_update(request, code, message, len(prompt_ids)))
             return
+        vocabulary = int(self.model.config.vocab_size)
+        beyond = [token for token, _ in request.logit_bias if not 0 <= token < vocabulary]
+        if beyond:
+            message = f"logit_bias names token {beyond[0]}; {self.spec.name} has {vocabulary}"
+            updates.append(failed_update(request, ErrorCode.MODEL_ERROR, message, len(prompt_ids)))
+            return
+        try:
+            matcher = self._matcher(request.response_format)
+        except ValueError as error:
+            message = f"response_format: {error}"
+            updates.append(failed_update(request, ErrorCode.MODEL_ERROR, message, len(prompt_ids)))
+            return
         sequence = _Sequence(
             request=request,
             prompt_ids=prompt_ids,
             stream=TextStream(self._decode_step_fn(), request.stop),
             generator=seeded_generator(request.temperature, request.seed, self.device),
+            shaping=Shaping(
+                presence_penalty=request.presence_penalty,
+                frequency_penalty=request.frequency_penalty,
+                repetition_penalty=request.repetition_penalty,
+                logit_bias=request.logit_bias,
+                min_tokens=request.min_tokens,
+            ),
+            matcher=matcher,
         )
         self._waiting.append(sequence)
         self._by_id[request.request_id] = sequence
+
+    def _matcher(self, response_format: dict[str, Any] | None) -> Any:
+        """An llguidance matcher of the format's grammar (``None`` for plain text). The
+        tokenizer it needs is built once, by the first request that asks for a format."""
+        grammar = grammar_of(response_format)
+        if grammar is None:
+            return None
+        from llguidance import LLMatcher
+
+        if self._ll_tokenizer is None:
+            from llguidance.hf import from_tokenizer
+
+            self._ll_tokenizer = from_tokenizer(
+                self.tokenizer, n_vocab=int(self.model.config.vocab_size)
+            )
+        matcher = LLMatcher(self._ll_tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise ValueError(matcher.get_error())
+        return matcher
 
     def _abort_now(self, request_id: str, updates: list[SequenceUpdate]) -> None:
         sequence = self._by_id.get(request_id)
@@ -425,27 +480,49 @@ class TransformersEngine(Engine):
     def _push(
         self, sequences: Sequence[_Sequence], logits: torch.Tensor, updates: list[SequenceUpdate]
     ) -> None:
-        """Pick each sequence's next token, and see whether that ends it."""
+        """Pick each sequence's next token (its request's processing first: penalties, bias,
+        minimum length, its format's grammar), and see whether that ends it."""
         tokens = logits.argmax(dim=-1)
         for i, sequence in enumerate(sequences):
-            request = sequence.request
-            if request.temperature > 0:
-                tokens[i] = sample_token(
-                    logits[i], request.temperature, request.top_p, sequence.generator
-                )
+            if not sequence.plain:
+                tokens[i] = self._choose(sequence, logits[i])
         for sequence, token_id in zip(sequences, tokens.tolist(), strict=True):
             if sequence.finish_reason is not None:
                 continue  # aborted this step: its token is dropped
             sequence.generated.append(token_id)
+            matcher = sequence.matcher
+            if matcher is not None and token_id not in self.eos_ids:
+                matcher.consume_token(token_id)
             if token_id in self.eos_ids and not sequence.request.ignore_eos:
                 sequence.finish_reason = "stop"  # counted as generated, never shown
             else:
                 sequence.stream.push(token_id)
-                if sequence.stream.stopped:
-                    sequence.finish_reason = "stop"
+                if sequence.stream.stopped or (matcher is not None and matcher.is_stopped()):
+                    sequence.finish_reason = "stop"  # a stop string, or the format is complete
                 elif len(sequence.generated) >= sequence.request.max_tokens:
                     sequence.finish_reason = "length"
             updates.append(self._update(sequence))
+
+    def _choose(self, sequence: _Sequence, logits: torch.Tensor) -> int:
+        request = sequence.request
+        row = logits.float().clone()
+        if sequence.shaping.active:
+            shape_logits(
+                row, sequence.shaping, sequence.prompt_ids, sequence.generated, self.eos_ids
+            )
+        if sequence.matcher is not None:
+            allow_only(row, sequence.matcher.compute_bitmask())
+        if request.temperature <= 0:
+            return int(row.argmax())
+        token = sample_token(
+            row,
+            request.temperature,
+            request.top_p,
+            sequence.generator,
+            top_k=request.top_k,
+            min_p=request.min_p,
+        )
+        return int(token)
 
     def _update(self, sequence: _Sequence) -> SequenceUpdate:
         stream = sequence.stream

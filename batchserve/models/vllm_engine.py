@@ -187,6 +187,14 @@ class VllmEngine(Engine):
             seed=request.seed,
             stop=list(request.stop) or None,
             ignore_eos=request.ignore_eos,
+            top_k=request.top_k,
+            min_p=request.min_p,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            repetition_penalty=request.repetition_penalty,
+            logit_bias=dict(request.logit_bias) or None,
+            min_tokens=request.min_tokens,
+            structured_outputs=_structured(request.response_format),
             output_kind=RequestOutputKind.DELTA,
         )
         generated = 0
@@ -351,3 +359,14 @@ def _max_positions(path: Any) -> int:
 
 def _engine_dead(error: BaseException) -> bool:
     return type(error).__name__ == "EngineDeadError"
+
+
+def _structured(response_format: dict[str, Any] | None) -> Any:
+    """vLLM's structured output for an OpenAI ``response_format`` (``None`` for text)."""
+    if not response_format or response_format.get("type") in (None, "text"):
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if response_format["type"] == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    return StructuredOutputsParams(json=response_format["json_schema"].get("schema") or {})

@@ -10,12 +10,18 @@ from typing import Any
 import pytest
 from openai import OpenAI
 from openai.types import Batch
+from pydantic import BaseModel
 
 from batchserve.testing.deployment import Stack
 from tests.support import keys
 
 ECHO = "echo-100ms"
 SMOLLM = "smollm2-135m"
+
+
+class City(BaseModel):
+    name: str
+    country: str
 
 
 def client_of(stack: Stack) -> OpenAI:
@@ -151,3 +157,28 @@ def test_openai_chat_completion_on_the_real_model(stack: Stack) -> None:
     assert reply.usage is not None and 0 < reply.usage.completion_tokens <= 8
     assert reply.choices[0].finish_reason in ("stop", "length")
     print(f"\nsmollm2-135m said: {content!r}")
+
+    # Structured output (issue 20, item 1): the SDK's parse() gets an object of its model,
+    # decoded under the schema's grammar, and so does LangChain's with_structured_output().
+    parsed = client_of(stack).chat.completions.parse(
+        model=SMOLLM,
+        messages=[{"role": "user", "content": "Give me a city and its country."}],
+        response_format=City,
+        max_tokens=64,
+        temperature=0,
+    )
+    city = parsed.choices[0].message.parsed
+    assert isinstance(city, City) and city.name and city.country, parsed
+    print(f"smollm2-135m parsed: {city!r}")
+    from langchain_openai import ChatOpenAI
+
+    chain = ChatOpenAI(
+        model=SMOLLM,
+        base_url=f"{stack.url}/v1",
+        api_key=keys.key(),
+        max_retries=0,
+        temperature=0,
+        max_tokens=64,
+    ).with_structured_output(City)
+    structured = chain.invoke("Name a city and its country.")
+    assert isinstance(structured, City) and structured.name, structured

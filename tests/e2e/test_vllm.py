@@ -8,10 +8,12 @@ Its engine takes a minute to start, so one deployment serves the whole module.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -136,6 +138,46 @@ async def test_each_request_keeps_its_own_parameters(
     assert by["stopped"]["output"]["text"] == free[: free.index(stop)]
     assert by["stopped"]["output"]["finish_reason"] == "stop"
     assert by["seeded_a"]["output"]["text"] == by["seeded_b"]["output"]["text"]
+
+
+async def test_vllm_honours_a_schema_and_the_sampling_fields(
+    vllm_stack: Stack, http: httpx.AsyncClient
+) -> None:
+    person = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    schema = {"type": "json_schema", "json_schema": {"name": "person", "schema": person}}
+    question = "Give me a person's name and age."
+    free_id = await submit(http, chat(question, 12))
+    free = (await wait_terminal(http, [free_id], timeout_s=120))[free_id]["output"]["text"]
+    first = vllm_stack_tokenizer().encode(free, add_special_tokens=False)[0]
+    ids = {
+        "schema": await submit(http, chat(question, 48, response_format=schema)),
+        "object": await submit(http, chat(question, 48, response_format={"type": "json_object"})),
+        "biased": await submit(http, chat(question, 12, logit_bias={str(first): -100})),
+        "floor": await submit(http, chat("Hi!", 64, min_tokens=40)),
+        "topk": await submit(http, chat(question, 12, temperature=1.5, top_k=1, seed=3)),
+    }
+    results = await wait_terminal(http, list(ids.values()), timeout_s=180)
+    by = {k: results[v] for k, v in ids.items()}
+    assert all(r["status"] == "succeeded" for r in by.values()), by
+    assert set(json.loads(by["schema"]["output"]["text"])) == {"name", "age"}
+    assert isinstance(json.loads(by["object"]["output"]["text"]), dict)
+    biased = by["biased"]["output"]["text"]
+    assert vllm_stack_tokenizer().encode(biased, add_special_tokens=False)[0] != first
+    assert by["floor"]["usage"]["completion_tokens"] >= 40
+    assert by["topk"]["output"]["text"] == free  # top_k=1 is greedy
+
+
+def vllm_stack_tokenizer() -> Any:
+    from batchserve.models.hf import load_tokenizer
+
+    spec = load_registry(TEST_MODELS).get(VLLM)
+    assert spec is not None
+    return load_tokenizer(spec)
 
 
 async def test_cancelling_a_running_sequence_stops_vllm_generating_it(
