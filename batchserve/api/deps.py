@@ -43,4 +43,11 @@ Caller = Annotated[TenantRow, Depends(get_caller)]
 Tenant = Annotated[str, Depends(get_tenant)]
 # The same semantics on every route that creates a request: a retry with the key gets the
 # original request (its answer, on the synchronous routes), never a second run.
-IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key")]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        # What check_idempotency_key takes (printable; ASCII, as a header carries it).
+        json_schema_extra={"pattern": "^[ -~]{1,255}$"},
+    ),
+]

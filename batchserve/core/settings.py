@@ -48,6 +48,10 @@ class Settings(BaseSettings):
     # deleted by maintenance this long after they finished (at least as long as idempotency
     # keys are kept, so that a retry with a key still finds its request).
     request_retention_s: float = Field(default=30 * 86_400.0, gt=0)
+    # A file uploaded without expires_after, and a batch job's output and error files written
+    # without output_expires_after, expire this long after they are created (OpenAI's default
+    # for batch files); maintenance then deletes them. 0: kept until deleted.
+    file_retention_s: int = Field(default=30 * 86_400, ge=0)
 
     # Tenants. ``required``: every /v1 call needs an API key; ``disabled``: every caller is the
     # tenant ``anonymous`` (a single-user development server).

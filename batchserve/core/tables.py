@@ -408,6 +408,21 @@ class ApiKey(Base):
     __table_args__ = (Index("ix_api_keys_tenant", "tenant"),)
 
 
+class IdempotentCreation(Base):
+    """The Idempotency-Key of a file or batch job created with one: a retry gets that object."""
+
+    __tablename__ = "idempotent_creations"
+
+    tenant: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)  # file, batch
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    object_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    created_at: Mapped[datetime] = _ts(nullable=False)
+
+    __table_args__ = (Index("ix_idempotent_creations_created_at", "created_at"),)
+
+
 requests_table = cast(Table, Request.__table__)
 batches_table = cast(Table, Batch.__table__)
 events_table = cast(Table, RequestEvent.__table__)
@@ -419,3 +434,4 @@ files_table = cast(Table, File.__table__)
 jobs_table = cast(Table, BatchJob.__table__)
 tenants_table = cast(Table, Tenant.__table__)
 keys_table = cast(Table, ApiKey.__table__)
+creations_table = cast(Table, IdempotentCreation.__table__)

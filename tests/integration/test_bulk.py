@@ -13,12 +13,13 @@ from typing import Any
 
 import httpx
 import orjson
+import psycopg
 import pytest
 from fastapi import FastAPI
 
 from batchserve.api.batch_input import ValidatedFile, validate_file
 from batchserve.core.broker import Handler, RequestQueue
-from batchserve.core.bulk import JOB_PREFIX, parse_public_id
+from batchserve.core.bulk import JOB_PREFIX, FilePurpose, parse_public_id
 from batchserve.core.domain import ItemResult, Lane, QueueMessage, Timings, from_epoch
 from batchserve.core.errors import Unavailable
 from batchserve.core.ids import job_request_id
@@ -519,7 +520,8 @@ async def test_a_file_with_expires_after_is_gone_once_it_passes_and_maintenance_
     assert alone["expires_at"] == alone["created_at"] + 7200  # anchored at created_at
     await client.delete(f"/v1/files/{alone['id']}")
     forever = await upload(client, jsonl([chat_line("b", "x")]))
-    assert (await client.get(f"/v1/files/{forever}")).json()["expires_at"] is None
+    kept = (await client.get(f"/v1/files/{forever}")).json()
+    assert kept["expires_at"] == kept["created_at"] + 30 * 86_400  # the file retention
     forms: list[tuple[dict[str, object], str]] = [
         (expiring(10), "expires_after[seconds]"),  # OpenAI's bounds: an hour to 30 days
         (expiring(2_592_001), "expires_after[seconds]"),
@@ -538,9 +540,11 @@ async def test_a_file_with_expires_after_is_gone_once_it_passes_and_maintenance_
         json={"input_file_id": used["id"], "endpoint": CHAT, "completion_window": "24h"},
     )
     assert job.status_code == 200, job.text
+    passed = [str(uuid.UUID(f["id"].removeprefix("file-"))) for f in (made, used)]
     async with store_of(app).engine.begin() as conn:
         await conn.exec_driver_sql(
-            "UPDATE files SET expires_at = now() - interval '1 second' WHERE expires_at IS NOT NULL"
+            "UPDATE files SET expires_at = now() - interval '1 second' "
+            f"WHERE id IN ('{passed[0]}', '{passed[1]}')"
         )
     for file_id in (made["id"], used["id"]):
         assert (await client.get(f"/v1/files/{file_id}")).status_code == 404
@@ -580,7 +584,8 @@ async def test_output_expires_after_sets_the_expiry_of_the_files_a_batch_writes(
     written = (await client.get(f"/v1/files/{ended['error_file_id']}")).json()
     assert written["purpose"] == "batch_output"
     assert written["expires_at"] == written["created_at"] + 7200
-    assert (await client.get(f"/v1/files/{created['input_file_id']}")).json()["expires_at"] is None
+    read = (await client.get(f"/v1/files/{created['input_file_id']}")).json()
+    assert read["expires_at"] == read["created_at"] + 30 * 86_400  # the file retention
 
     input_id = await upload(client, jsonl([chat_line("a", "x")]))
     for value, param in (
@@ -647,3 +652,88 @@ async def test_batch_creation_refuses_bad_endpoint_window_and_file(
     )
     assert wrong_purpose.status_code == 400
     assert wrong_purpose.json()["error"]["param"] == "purpose"
+
+
+async def test_a_retried_upload_or_batch_with_its_idempotency_key_creates_one_object(
+    client: httpx.AsyncClient, bulk_settings: Settings
+) -> None:
+    content = jsonl([chat_line("a", "x")])
+    key = {"Idempotency-Key": "upload-1"}
+
+    async def upload_with(headers: dict[str, str], body: bytes) -> httpx.Response:
+        files = {"file": ("in.jsonl", body)}
+        return await client.post(
+            "/v1/files", files=files, data={"purpose": "batch"}, headers=headers
+        )
+
+    first, again = await upload_with(key, content), await upload_with(key, content)
+    assert first.status_code == again.status_code == 200, again.text
+    assert first.json() == again.json()
+    other = await upload_with(key, jsonl([chat_line("b", "y")]))
+    assert other.status_code == 400 and "different request body" in other.text
+    file_id = first.json()["id"]
+    create = {"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"}
+    batch_key = {"Idempotency-Key": "batch-1"}
+    job = await client.post("/v1/batches", json=create, headers=batch_key)
+    replay = await client.post("/v1/batches", json=create, headers=batch_key)
+    assert job.status_code == replay.status_code == 200, replay.text
+    assert replay.json()["id"] == job.json()["id"]
+    changed = await client.post(
+        "/v1/batches", json={**create, "metadata": {"run": "2"}}, headers=batch_key
+    )
+    assert changed.status_code == 400 and "different request body" in changed.text
+    # Without a key every call creates.
+    assert (await client.post("/v1/batches", json=create)).json()["id"] != job.json()["id"]
+    assert bulk_settings.database_url
+    with psycopg.connect(bulk_settings.database_url.replace("+psycopg", "")) as conn:
+        files = conn.execute("SELECT count(*) FROM files WHERE purpose = 'batch'").fetchone()
+        jobs = conn.execute("SELECT count(*) FROM batch_jobs").fetchone()
+    assert files == (1,) and jobs == (2,)
+
+
+async def test_keys_of_created_objects_are_forgotten_with_the_requests_keys(
+    bulk_settings: Settings,
+) -> None:
+    from batchserve.core.store.creations import CreationKey
+    from batchserve.core.wiring import connect
+
+    adapters = connect(bulk_settings, pool_size=2)
+    now = time.time()
+
+    async def create() -> uuid.UUID:
+        made = await adapters.store.create_file(
+            tenant="t",
+            purpose=FilePurpose.BATCH,
+            filename="a",
+            content=b"{}\n",
+            now=now,
+            idempotency=CreationKey("k", "f" * 64),
+        )
+        return made.id
+
+    try:
+        first = await create()
+        assert await create() == first
+        assert await adapters.store.prune_idempotency(now - 1) == 0  # not old enough
+        assert await adapters.store.prune_idempotency(now + 1) == 1
+        assert await create() != first  # a new call once the key is forgotten
+    finally:
+        await adapters.close()
+
+
+async def test_with_no_file_retention_files_and_outputs_are_kept_until_deleted(
+    settings: Settings,
+) -> None:
+    kept_settings = settings_with(settings, file_retention_s=0, batch_min_window_s=1.0)
+    async with running_app(kept_settings) as application, asgi_client(application) as client:
+        file_id = await upload(client, jsonl([chat_line("a", "x")]))
+        assert (await client.get(f"/v1/files/{file_id}")).json()["expires_at"] is None
+        create = {"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"}
+        job = (await client.post("/v1/batches", json=create)).json()
+    assert kept_settings.database_url
+    with psycopg.connect(kept_settings.database_url.replace("+psycopg", "")) as conn:
+        row = conn.execute(
+            "SELECT output_expires_after_s FROM batch_jobs WHERE id = %s",
+            (uuid.UUID(job["id"].removeprefix(JOB_PREFIX)),),
+        ).fetchone()
+    assert row == (None,)

@@ -8,14 +8,18 @@ from datetime import timedelta
 from pathlib import Path
 
 import orjson
+import pytest
 
 from batchserve.core.broker import MemoryRequestQueue
 from batchserve.core.bulk import Endpoint, FilePurpose, JobStatus, NewJob
 from batchserve.core.db import create_engine
 from batchserve.core.domain import ItemResult, Lane, Timings, from_epoch
+from batchserve.core.errors import IdempotencyConflict
+from batchserve.core.ids import uuid7
 from batchserve.core.migrate import upgrade
 from batchserve.core.settings import Settings
 from batchserve.core.store import ItemOutcome, JobStore
+from batchserve.core.store.creations import CreationKey
 from batchserve.models.registry import load_registry
 from batchserve.workers.jobs import JobDriver, JobDriverConfig
 from tests.conftest import TEST_MODELS
@@ -120,3 +124,41 @@ async def test_files_list_and_delete_on_sqlite(tmp_path: Path) -> None:
     assert await store.file_content(ids[0], "t") is None
     assert not await store.delete_file(ids[0], "t")
     assert [f.id for f in await store.list_files("t", limit=10)] == ids[:0:-1]
+
+
+async def test_an_idempotency_key_creates_one_file_and_one_job_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path}/keys.sqlite3"
+    upgrade(url)
+    store = JobStore(create_engine(url))
+    now = time.time()
+
+    async def upload(fingerprint: str) -> uuid.UUID:
+        made = await store.create_file(
+            tenant="t",
+            purpose=FilePurpose.BATCH,
+            filename="in.jsonl",
+            content=b"{}\n",
+            now=now,
+            idempotency=CreationKey("k", fingerprint),
+        )
+        return made.id
+
+    async def create(file_id: uuid.UUID) -> uuid.UUID:
+        job = NewJob(
+            id=uuid7(),
+            tenant="t",
+            endpoint=Endpoint.CHAT,
+            completion_window="24h",
+            input_file_id=file_id,
+            created_at=from_epoch(now),
+            expires_at=from_epoch(now + 86_400),
+        )
+        made = await store.create_job(job, idempotency=CreationKey("k", "a" * 64), now=now)
+        return made.id
+
+    file_id = await upload("a" * 64)
+    assert await upload("a" * 64) == file_id
+    with pytest.raises(IdempotencyConflict):
+        await upload("b" * 64)
+    assert await create(file_id) == await create(file_id)
+    assert len(await store.list_jobs("t", limit=10)) == 1

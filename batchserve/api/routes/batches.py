@@ -11,10 +11,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 
 from batchserve.api.batch_schemas import CreateBatch, batch_object, openai_list, window_s
-from batchserve.api.deps import Caller, Services, Tenant, get_caller
+from batchserve.api.deps import Caller, IdempotencyKey, Services, Tenant, get_caller
 from batchserve.api.openai_errors import OpenAIRoute
 from batchserve.api.responses import JSON
-from batchserve.api.submission import check_webhook_url
+from batchserve.api.submission import check_idempotency_key, check_webhook_url, fingerprint
 from batchserve.core.bulk import (
     FILE_PREFIX,
     JOB_PREFIX,
@@ -26,6 +26,7 @@ from batchserve.core.bulk import (
 from batchserve.core.domain import JobChanged
 from batchserve.core.errors import InvalidInput, NotFound
 from batchserve.core.ids import uuid7
+from batchserve.core.store.creations import CreationKey
 
 router = APIRouter(
     prefix="/v1/batches",
@@ -36,8 +37,12 @@ router = APIRouter(
 
 
 @router.post("")
-async def create_batch(body: CreateBatch, services: Services, caller: Caller) -> JSON:
-    """Create a bulk job from an uploaded JSONL file; it starts ``validating``."""
+async def create_batch(
+    body: CreateBatch, services: Services, caller: Caller, idempotency_key: IdempotencyKey = None
+) -> JSON:
+    """Create a bulk job from an uploaded JSONL file; it starts ``validating``. A retry with the
+    same ``Idempotency-Key`` (and body) gets the job the first call created, as it is now."""
+    key = check_idempotency_key(idempotency_key)
     tenant = caller.name
     await services.quotas.check_bulk(caller, 0)  # at the limit already: refuse now
     endpoints = [e.value for e in Endpoint]
@@ -71,9 +76,13 @@ async def create_batch(body: CreateBatch, services: Services, caller: Caller) ->
             metadata=body.metadata,
             webhook_url=webhook_url,
             output_expires_after_s=(
-                body.output_expires_after.seconds if body.output_expires_after else None
+                body.output_expires_after.seconds
+                if body.output_expires_after
+                else services.settings.file_retention_s or None
             ),
-        )
+        ),
+        idempotency=None if key is None else CreationKey(key, fingerprint(body)),
+        now=services.clock(),
     )
     await services.adapters.events.publish(JobChanged(job.id.hex, job.status.value))
     return JSON(batch_object(job))

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
+import orjson
 from fastapi import APIRouter, Depends, Form, Query, UploadFile
 from fastapi.responses import Response
 
 from batchserve.api.batch_schemas import EXPIRES_MAX_S, EXPIRES_MIN_S, file_object, openai_list
-from batchserve.api.deps import Services, Tenant, get_caller
+from batchserve.api.deps import IdempotencyKey, Services, Tenant, get_caller
 from batchserve.api.openai_errors import OpenAIRoute
 from batchserve.api.responses import JSON
+from batchserve.api.submission import check_idempotency_key
 from batchserve.core.bulk import FILE_PREFIX, FilePurpose, parse_public_id
 from batchserve.core.errors import InvalidInput, NotFound
+from batchserve.core.store.creations import CreationKey
 
 router = APIRouter(
     prefix="/v1/files", tags=["files"], route_class=OpenAIRoute, dependencies=[Depends(get_caller)]
@@ -60,10 +64,13 @@ async def upload_file(
             ),
         ),
     ] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> JSON:
     """Upload a batch input file (JSONL, ``purpose=batch``); it is checked when a batch uses it.
     With ``expires_after`` (``seconds``: 3,600 to 30 days after ``created_at``, the one anchor)
-    it is gone from then on."""
+    it is gone from then on; without it, ``BATCHSERVE_FILE_RETENTION_S`` (30 days) after its
+    creation (0: kept until deleted). A retry with the same ``Idempotency-Key`` (and the same
+    file) gets the file the first upload created."""
     if purpose != FilePurpose.BATCH.value:
         raise InvalidInput(
             "purpose must be 'batch' (the only files batchserve takes)", field="purpose"
@@ -72,14 +79,20 @@ async def upload_file(
         raise InvalidInput(
             "expires_after[anchor] needs expires_after[seconds]", field="expires_after[seconds]"
         )
+    key = check_idempotency_key(idempotency_key)
     content = await _read_capped(file, services.settings.max_file_bytes)
+    filename = file.filename or "input.jsonl"
+    sent = [purpose, filename, expires_anchor, expires_seconds, hashlib.sha256(content).hexdigest()]
     record = await services.adapters.store.create_file(
         tenant=tenant,
         purpose=FilePurpose.BATCH,
-        filename=file.filename or "input.jsonl",
+        filename=filename,
         content=content,
         now=services.clock(),
-        expires_after_s=expires_seconds,
+        expires_after_s=expires_seconds or services.settings.file_retention_s or None,
+        idempotency=None
+        if key is None
+        else CreationKey(key, hashlib.sha256(orjson.dumps(sent)).hexdigest()),
     )
     return JSON(file_object(record))
 

@@ -12,10 +12,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from batchserve.core.bulk import ENDED_JOB_STATUSES, FilePurpose, FileRecord, job_public_id
 from batchserve.core.db import transaction
 from batchserve.core.domain import from_epoch
-from batchserve.core.errors import InvalidTransition
+from batchserve.core.errors import InvalidTransition, NotFound
 from batchserve.core.ids import uuid7
 from batchserve.core.records import aware
 from batchserve.core.store.base import StoreBase
+from batchserve.core.store.creations import CreationKey, claim_creation
 from batchserve.core.tables import files_table, jobs_table
 
 files_t = files_table
@@ -45,10 +46,25 @@ class FileVerbs(StoreBase):
         content: bytes,
         now: float,
         expires_after_s: float | None = None,
+        idempotency: CreationKey | None = None,
     ) -> FileRecord:
         """Store a file's bytes whole; the caller has checked its size. ``expires_after_s``:
-        the file expires that long after its creation (never without it)."""
+        the file expires that long after its creation (never without it). With
+        ``idempotency``, a key used before answers with the file it created."""
         async with transaction(self.engine) as conn:
+            if idempotency is not None:
+                file_id = uuid7()
+                earlier = await claim_creation(
+                    conn, tenant=tenant, kind="file", key=idempotency, object_id=file_id, now=now
+                )
+                if earlier is not None:
+                    query = select(*FILE_COLUMNS).where(
+                        files_t.c.id == earlier, files_t.c.tenant == tenant
+                    )
+                    row = (await conn.execute(query)).mappings().first()
+                    if row is None:
+                        raise NotFound("the file this Idempotency-Key created has been deleted")
+                    return file_record(row)
             return await insert_file(
                 conn,
                 tenant=tenant,
@@ -57,6 +73,7 @@ class FileVerbs(StoreBase):
                 content=content,
                 now=now,
                 expires_after_s=expires_after_s,
+                file_id=file_id if idempotency is not None else None,
             )
 
     async def get_file(
@@ -151,9 +168,10 @@ async def insert_file(
     content: bytes,
     now: float,
     expires_after_s: float | None = None,
+    file_id: uuid.UUID | None = None,
 ) -> FileRecord:
     record = FileRecord(
-        id=uuid7(),
+        id=file_id or uuid7(),
         tenant=tenant,
         purpose=purpose,
         filename=filename[:255] or "file.jsonl",

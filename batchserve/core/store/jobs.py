@@ -20,6 +20,7 @@ from batchserve.core.domain import DeliveryStatus, from_epoch
 from batchserve.core.errors import InvalidTransition, NotFound
 from batchserve.core.records import aware
 from batchserve.core.store.base import S, StoreBase, deliveries_t, new_delivery_id, requests_t
+from batchserve.core.store.creations import CreationKey, claim_creation
 from batchserve.core.tables import jobs_table
 
 jobs_t = jobs_table
@@ -30,9 +31,29 @@ OPEN_REQUEST_STATES = lifecycle.values(lifecycle.OPEN)
 
 
 class JobVerbs(StoreBase):
-    async def create_job(self, job: NewJob) -> JobRecord:
-        """Record a new job as ``validating``; the job driver takes it from there."""
+    async def create_job(
+        self, job: NewJob, *, idempotency: CreationKey | None = None, now: float = 0.0
+    ) -> JobRecord:
+        """Record a new job as ``validating``; the job driver takes it from there. With
+        ``idempotency``, a key used before answers with the job it created (as it is now)."""
         async with transaction(self.engine) as conn:
+            if idempotency is not None:
+                earlier = await claim_creation(
+                    conn,
+                    tenant=job.tenant,
+                    kind="batch",
+                    key=idempotency,
+                    object_id=job.id,
+                    now=now,
+                )
+                if earlier is not None:
+                    row = (
+                        (await conn.execute(select(jobs_t).where(jobs_t.c.id == earlier)))
+                        .mappings()
+                        .first()
+                    )
+                    assert row is not None  # jobs are never deleted while their key is kept
+                    return await _with_counts(conn, row)
             await conn.execute(
                 insert(jobs_t).values(
                     id=job.id,

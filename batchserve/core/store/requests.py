@@ -50,6 +50,7 @@ from batchserve.core.store.base import (
     requests_t,
     state_in,
 )
+from batchserve.core.store.creations import creations_t
 from batchserve.core.store.files import ACTIVE_JOB
 from batchserve.core.tables import attempts_table, jobs_table
 
@@ -389,6 +390,8 @@ class RequestVerbs(StoreBase):
         return int(deleted.rowcount or 0)
 
     async def prune_idempotency(self, before: float) -> int:
+        """Forget the Idempotency-Keys of requests, files and batch jobs created before
+        ``before``: a retry after that is a new call."""
         async with transaction(self.engine) as conn:
             result = await conn.execute(
                 update(requests_t)
@@ -398,7 +401,10 @@ class RequestVerbs(StoreBase):
                 )
                 .values(idempotency_key=None)
             )
-        return int(result.rowcount or 0)
+            created = await conn.execute(
+                delete(creations_t).where(creations_t.c.created_at < from_epoch(before))
+            )
+        return int(result.rowcount or 0) + int(created.rowcount or 0)
 
 
 def _new_record(cmd: SubmitCommand) -> RequestRecord:
