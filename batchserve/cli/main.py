@@ -58,6 +58,18 @@ def _settings(role: str) -> Settings:
     return settings
 
 
+def _role_settings(role: str) -> Settings:
+    """A role's settings, once its database's schema is known not to be older than its code."""
+    settings = _settings(role)
+    from batchserve.core.migrate import schema_behind
+
+    problem = schema_behind(settings.effective_database_url)
+    if problem is not None:
+        typer.echo(f"batchserve {role}: {problem}", err=True)
+        raise typer.Exit(2)
+    return settings
+
+
 def _reachable(host: str) -> str:
     """The address a client on this machine uses for a server bound to ``host``."""
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
@@ -142,7 +154,7 @@ def api(host: Host = "127.0.0.1", port: Port = 8000) -> None:
     """The HTTP API."""
     from batchserve.cli.roles import run_api
 
-    run_api(_settings("api"), host, port)
+    run_api(_role_settings("api"), host, port)
 
 
 @app.command()
@@ -152,7 +164,7 @@ def batcher(
     """The batcher: forms batches when worker slots are free (hot standby if one runs already)."""
     from batchserve.cli.roles import run_batcher
 
-    loops.run(run_batcher(_settings("batcher"), model))
+    loops.run(run_batcher(_role_settings("batcher"), model))
 
 
 @app.command()
@@ -168,7 +180,7 @@ def worker(
     from batchserve.models.registry import load_registry
     from batchserve.workers.worker_main import run_worker
 
-    settings = _settings("worker")
+    settings = _role_settings("worker")
     if standby is not None:
         if standby not in ("auto", "on", "off"):
             typer.echo("batchserve: --standby is auto, on or off", err=True)
@@ -195,7 +207,7 @@ def maintenance() -> None:
     """Expire overdue requests, reap expired leases, republish, prune idempotency keys."""
     from batchserve.cli.roles import run_maintenance
 
-    loops.run(run_maintenance(_settings("maintenance")))
+    loops.run(run_maintenance(_role_settings("maintenance")))
 
 
 @app.command()
@@ -203,7 +215,7 @@ def webhooks() -> None:
     """Deliver webhooks: relay due deliveries to the webhooks queue and send them, signed."""
     from batchserve.cli.webhooks_role import run_webhooks_role
 
-    run_webhooks_role(_settings("webhooks"))
+    run_webhooks_role(_role_settings("webhooks"))
 
 
 @app.command()

@@ -1,4 +1,10 @@
-"""``batchserve migrate``: Alembic upgrade to head, on Postgres or the embedded SQLite file."""
+"""``batchserve migrate``: Alembic upgrade to head, on Postgres or the embedded SQLite file.
+
+Migrations run under a Postgres advisory lock (``migrations/env.py``): two ``migrate`` at once
+(a Job and a restarted Job, two hosts) run one after the other, and the second finds nothing to
+do. Every role checks the schema before it starts (:func:`schema_behind`) and refuses to run on
+one older than its code.
+"""
 
 from __future__ import annotations
 
@@ -43,3 +49,39 @@ def current(url: str) -> str | None:
         revision = MigrationContext.configure(conn).get_current_revision()
     engine.dispose()
     return revision
+
+
+def head() -> str:
+    """The latest revision this code knows."""
+    from alembic.script import ScriptDirectory
+
+    found = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    assert found is not None
+    return str(found)
+
+
+def schema_behind(url: str) -> str | None:
+    """Why a role must not start on this database (its schema is older than the code's, or
+    empty), else ``None``. A database this code cannot reach now is the role's own retries'
+    business; one at a revision this code does not know is newer (a rolling upgrade migrated
+    first) and is used as it is."""
+    from alembic.script import ScriptDirectory
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        at = current(url)
+    except (SQLAlchemyError, OSError):
+        return None
+    latest = head()
+    if at == latest:
+        return None
+    known = {
+        r.revision
+        for r in ScriptDirectory.from_config(alembic_config("sqlite://")).walk_revisions()
+    }
+    if at is not None and at not in known:
+        return None
+    return (
+        f"the database schema is at revision {at or 'none (an empty database)'} and this "
+        f"batchserve needs {latest}: run `batchserve migrate` first"
+    )

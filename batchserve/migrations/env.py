@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import Connection, create_engine, pool
+from sqlalchemy import Connection, create_engine, pool, text
 
 from batchserve.core.tables import Base
+
+# The advisory lock migrations hold (any constant; "bsmigrat" in ASCII).
+MIGRATE_LOCK = 0x62736D6967726174
 
 config = context.config
 target_metadata = Base.metadata
@@ -41,6 +44,10 @@ def _run(connection: Connection) -> None:
         compare_type=True,
     )
     with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            # One migrator at a time: a second waits here until the first commits, then finds
+            # the schema at head. Released with the transaction.
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATE_LOCK})
         context.run_migrations()
 
 

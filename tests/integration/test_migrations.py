@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import itertools
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine
 
-from batchserve.core.migrate import current, sync_url, upgrade
+from batchserve.core.migrate import current, head, schema_behind, sync_url, upgrade
 from batchserve.core.tables import Base
+from tests.conftest import server_env
+from tests.support import servers
 
 
 @pytest.mark.parametrize("backend", ["postgres", "sqlite"])
@@ -26,3 +34,68 @@ def test_migrated_schema_equals_orm_metadata(
         diff = compare_metadata(context, Base.metadata)
     engine.dispose()
     assert diff == []
+
+
+@pytest.fixture
+def empty_database(run_id: str) -> Iterator[str]:
+    """A database with no schema at all, dropped at the end; its URL."""
+    name = f"{servers.DB_PREFIX}{run_id}_empty{next(_numbers)}"
+    servers.create_database(name)
+    try:
+        yield servers.pg_url(name)
+    finally:
+        servers.drop_database(name)
+
+
+_numbers = itertools.count()
+
+
+def test_migrations_at_once_run_one_after_the_other(empty_database: str) -> None:
+    """Three `batchserve migrate` at once on an empty database (a Job and its retries): without
+    the advisory lock they all create the first tables and all but one fail."""
+    env = {**os.environ, **server_env(empty_database, f"migrate{next(_numbers)}")}
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "batchserve.cli", "migrate"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    for run in runs:
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err
+        assert f"database at revision {head()}" in out
+    assert current(empty_database) == head()
+
+
+def test_a_role_refuses_a_schema_older_than_its_code(empty_database: str, tmp_path: Path) -> None:
+    assert "none (an empty database)" in (schema_behind(empty_database) or "")
+    upgrade(empty_database, "0012")
+    behind = schema_behind(empty_database)
+    assert behind is not None and "0012" in behind and head() in behind
+    assert "batchserve migrate" in behind
+    env = {**os.environ, **server_env(empty_database, f"schema{next(_numbers)}")}
+    started = subprocess.run(
+        [sys.executable, "-m", "batchserve.cli", "maintenance"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert started.returncode == 2, started.stderr
+    assert f"batchserve maintenance: {behind}" in started.stderr
+    upgrade(empty_database)
+    assert schema_behind(empty_database) is None
+    # A revision this code does not know is a newer schema (a rolling upgrade): used as is.
+    with psycopg.connect(empty_database.replace("+psycopg", "")) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '9999'")
+    assert schema_behind(empty_database) is None
+    # A database out of reach is the role's own retries' business.
+    assert schema_behind("postgresql+psycopg://postgres@127.0.0.1:1/nowhere") is None
+    sqlite = f"sqlite+aiosqlite:///{tmp_path}/roles.sqlite3"
+    assert schema_behind(sqlite) is not None
+    upgrade(sqlite)
+    assert schema_behind(sqlite) is None
