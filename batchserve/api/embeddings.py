@@ -3,8 +3,8 @@
 One call is one request, whatever the number of its texts: it is admitted, persisted, batched
 and answered once, like a completion (an ``Idempotency-Key`` retry gets the first answer). Its
 texts travel in ``params["input"]``; the batcher counts its cost in tokens (it generates none);
-the worker returns the vectors as base64 float32 (``batchserve/models/embedding.py``), and the
-answer gives them as floats or, with ``encoding_format: "base64"``, as they are.
+the worker writes OpenAI's ``data`` list in the encoding the call asked for
+(``batchserve/models/embedding.py``), and the answer sends it as it is.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from batchserve.core.domain import Lane, RequestRecord, SubmitCommand
 from batchserve.core.errors import ContextLengthExceeded, InvalidInput
 from batchserve.core.ids import uuid7
 from batchserve.core.settings import Settings
+from batchserve.models.embedding import dimensions_of
 from batchserve.models.plugins import is_embedding
 from batchserve.models.registry import ModelSpec, Registry
 from batchserve.models.tokens import estimate_tokens
 
 # OpenAI's limit on the texts of one call.
 MAX_EMBEDDING_INPUTS = 2048
-ENCODINGS = ("float", "base64")
 
 
 class EmbeddingBody(BaseModel):
@@ -98,13 +98,6 @@ def embedding_model(registry: Registry, name: str) -> ModelSpec:
             field="model",
         )
     return spec
-
-
-def dimensions_of(spec: ModelSpec) -> int | None:
-    """The size of the model's vectors: the registry's ``dimensions`` (the worker checks it
-    against the model's files)."""
-    declared = spec.options.get("dimensions")
-    return None if declared is None else int(declared)
 
 
 def build_embedding_command(

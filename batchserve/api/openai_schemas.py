@@ -22,7 +22,13 @@ from pydantic import (
     ValidationError,
 )
 
-from batchserve.api.schemas import MAX_MESSAGES, GenerationParams, JsonInt, SubmitRequest
+from batchserve.api.schemas import (
+    EXTENDED_DEFAULTS,
+    MAX_MESSAGES,
+    GenerationParams,
+    JsonInt,
+    SubmitRequest,
+)
 from batchserve.core.domain import RequestRecord, to_epoch
 from batchserve.core.errors import InvalidInput
 
@@ -61,6 +67,9 @@ def _inline(schema: Any, defs: dict[str, Any]) -> Any:
         return [_inline(item, defs) for item in schema]
     return schema
 
+
+# The OpenAI fields that are the native request's params of the same name.
+PASSED_THROUGH = ("temperature", "top_p", "stop", "seed", "ignore_eos", *EXTENDED_DEFAULTS)
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
@@ -175,27 +184,11 @@ class OpenAIBody(BaseModel):
                 )
 
     def params(self) -> dict[str, Any]:
-        params: dict[str, Any] = {}
-        max_tokens = self.max_completion_tokens or self.max_tokens
-        for name, value in (
-            ("max_tokens", max_tokens),
-            ("temperature", self.temperature),
-            ("top_p", self.top_p),
-            ("stop", self.stop),
-            ("seed", self.seed),
-            ("ignore_eos", self.ignore_eos),
-            ("top_k", self.top_k),
-            ("min_p", self.min_p),
-            ("presence_penalty", self.presence_penalty),
-            ("frequency_penalty", self.frequency_penalty),
-            ("repetition_penalty", self.repetition_penalty),
-            ("logit_bias", self.logit_bias),
-            ("min_tokens", self.min_tokens),
-            ("response_format", self.response_format),
-        ):
-            if value is not None:
-                params[name] = value
-        return params
+        """The native ``params`` of the fields sent (``max_completion_tokens`` over
+        ``max_tokens``)."""
+        sent = {name: getattr(self, name) for name in ("max_tokens", *PASSED_THROUGH)}
+        sent["max_tokens"] = self.max_completion_tokens or self.max_tokens
+        return {name: value for name, value in sent.items() if value is not None}
 
 
 class ContentPart(BaseModel):

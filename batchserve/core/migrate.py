@@ -9,6 +9,7 @@ one older than its code.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -51,11 +52,16 @@ def current(url: str) -> str | None:
     return revision
 
 
-def head() -> str:
-    """The latest revision this code knows."""
+def _scripts() -> Any:
+    """This code's migrations (no database needed to read them)."""
     from alembic.script import ScriptDirectory
 
-    found = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    return ScriptDirectory.from_config(alembic_config("sqlite://"))
+
+
+def head() -> str:
+    """The latest revision this code knows."""
+    found = _scripts().get_current_head()
     assert found is not None
     return str(found)
 
@@ -65,21 +71,17 @@ def schema_behind(url: str) -> str | None:
     empty), else ``None``. A database this code cannot reach now is the role's own retries'
     business; one at a revision this code does not know is newer (a rolling upgrade migrated
     first) and is used as it is."""
-    from alembic.script import ScriptDirectory
     from sqlalchemy.exc import SQLAlchemyError
 
     try:
         at = current(url)
     except (SQLAlchemyError, OSError):
         return None
-    latest = head()
+    scripts = _scripts()
+    latest = str(scripts.get_current_head())
     if at == latest:
         return None
-    known = {
-        r.revision
-        for r in ScriptDirectory.from_config(alembic_config("sqlite://")).walk_revisions()
-    }
-    if at is not None and at not in known:
+    if at is not None and at not in {r.revision for r in scripts.walk_revisions()}:
         return None
     return (
         f"the database schema is at revision {at or 'none (an empty database)'} and this "

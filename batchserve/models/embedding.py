@@ -104,6 +104,13 @@ def tokenizer_dir(spec: ModelSpec) -> Path | None:
     return path if (path / "tokenizer.json").exists() else None
 
 
+def dimensions_of(spec: ModelSpec) -> int | None:
+    """The size of the model's vectors as the registry says it (``dimensions``): what the API
+    answers with, and what a worker checks against the model's files when it loads them."""
+    declared = spec.options.get("dimensions")
+    return None if declared is None else int(declared)
+
+
 def layout_of(spec: ModelSpec) -> EncoderLayout:
     return EncoderLayout.read(model_dir(spec))
 
@@ -126,12 +133,8 @@ def embedding_data(vectors: np.ndarray, encoding_format: str) -> str:
 
 
 def texts_of(item: BatchItem) -> list[str]:
-    texts = item.params.get("input")
-    if isinstance(texts, str):
-        return [texts]
-    if isinstance(texts, list) and all(isinstance(t, str) for t in texts):
-        return list(texts)
-    return [item.input] if item.input is not None else []
+    """The texts of an embedding request (the API stores them as a list, never empty)."""
+    return list(item.params["input"])
 
 
 def encoding_format(item: BatchItem) -> str:
@@ -150,8 +153,8 @@ class EmbeddingBackend(Backend):
 
         self.spec = spec
         self.layout = layout_of(spec)
-        declared = spec.options.get("dimensions")
-        if declared is not None and int(declared) != self.layout.dimensions:
+        declared = dimensions_of(spec)
+        if declared is not None and declared != self.layout.dimensions:
             raise ValueError(
                 f"model {spec.name}: the registry says {declared} dimensions, "
                 f"its files {self.layout.dimensions}"

@@ -153,7 +153,7 @@ async def test_an_idempotency_key_creates_one_file_and_one_job_on_sqlite(tmp_pat
             created_at=from_epoch(now),
             expires_at=from_epoch(now + 86_400),
         )
-        made = await store.create_job(job, idempotency=CreationKey("k", "a" * 64), now=now)
+        made = await store.create_job(job, idempotency=CreationKey("k", "a" * 64))
         return made.id
 
     file_id = await upload("a" * 64)

@@ -36,3 +36,13 @@ def test_servable_keeps_what_loads_here_and_names_why_the_rest_cannot(
 def test_an_unknown_backend_names_the_installed_ones() -> None:
     with pytest.raises(ValueError, match=r"unknown backend 'nope'; installed: .*fixed"):
         plugins.backend("nope")
+
+
+def test_the_engines_honour_every_extended_field_the_api_takes() -> None:
+    """The API's list of extended generation fields and the engines' (plugins cannot import
+    the API) name the same fields: one added to the API alone would be refused on every model."""
+    from batchserve.api.schemas import EXTENDED_DEFAULTS
+    from batchserve.models.plugins import ENGINE_SAMPLING, TRANSFORMERS, VLLM
+
+    assert set(EXTENDED_DEFAULTS) == ENGINE_SAMPLING
+    assert TRANSFORMERS.sampling == VLLM.sampling == ENGINE_SAMPLING

@@ -82,7 +82,6 @@ async def create_batch(
             ),
         ),
         idempotency=None if key is None else CreationKey(key, fingerprint(body)),
-        now=services.clock(),
     )
     await services.adapters.events.publish(JobChanged(job.id.hex, job.status.value))
     return JSON(batch_object(job))

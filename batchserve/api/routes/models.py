@@ -5,11 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from batchserve.api.deps import Services, get_caller
-from batchserve.api.embeddings import dimensions_of
 from batchserve.api.responses import JSON
 from batchserve.api.schemas import ModelList, ModelOut, dump
 from batchserve.api.submission import resolve_model
 from batchserve.core.loadboard import LoadBoard, LoadSnapshot
+from batchserve.models.embedding import dimensions_of
 from batchserve.models.plugins import is_embedding, plugin_for
 from batchserve.models.registry import ModelSpec
 

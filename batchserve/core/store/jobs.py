@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from batchserve.core import lifecycle
 from batchserve.core.bulk import JobCounts, JobRecord, JobStatus, LineError, NewJob
 from batchserve.core.db import transaction
-from batchserve.core.domain import DeliveryStatus, from_epoch
+from batchserve.core.domain import DeliveryStatus, from_epoch, to_epoch
 from batchserve.core.errors import InvalidTransition, NotFound
 from batchserve.core.records import aware
 from batchserve.core.store.base import S, StoreBase, deliveries_t, new_delivery_id, requests_t
@@ -31,9 +31,7 @@ OPEN_REQUEST_STATES = lifecycle.values(lifecycle.OPEN)
 
 
 class JobVerbs(StoreBase):
-    async def create_job(
-        self, job: NewJob, *, idempotency: CreationKey | None = None, now: float = 0.0
-    ) -> JobRecord:
+    async def create_job(self, job: NewJob, *, idempotency: CreationKey | None = None) -> JobRecord:
         """Record a new job as ``validating``; the job driver takes it from there. With
         ``idempotency``, a key used before answers with the job it created (as it is now)."""
         async with transaction(self.engine) as conn:
@@ -44,7 +42,7 @@ class JobVerbs(StoreBase):
                     kind="batch",
                     key=idempotency,
                     object_id=job.id,
-                    now=now,
+                    now=to_epoch(job.created_at),
                 )
                 if earlier is not None:
                     row = (
