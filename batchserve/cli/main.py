@@ -61,9 +61,9 @@ def _settings(role: str) -> Settings:
 def _role_settings(role: str) -> Settings:
     """A role's settings, once its database's schema is known not to be older than its code."""
     settings = _settings(role)
-    from batchserve.core.migrate import schema_behind
+    from batchserve.core.migrate import wait_for_schema
 
-    problem = schema_behind(settings.effective_database_url)
+    problem = wait_for_schema(settings.effective_database_url, settings.schema_wait_s)
     if problem is not None:
         typer.echo(f"batchserve {role}: {problem}", err=True)
         raise typer.Exit(2)

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 
 from batchserve.batching.batcher import BatcherConfig, ModelBatcher
 from batchserve.core import loops
+from batchserve.core.health import role_health
 from batchserve.core.logs import get_logger
 from batchserve.core.metrics import serve_role_metrics
 from batchserve.core.settings import Settings
@@ -100,14 +101,20 @@ async def run_batcher(settings: Settings, models: list[str] | None) -> None:
         )
         for spec in specs
     ]
+    health = role_health()
+    beating = asyncio.create_task(health.beat_forever())
     try:
         serve_role_metrics(settings, "batcher")
 
         async def drain() -> None:
+            health.set_ready("draining")
             await asyncio.gather(*(b.drain() for b in batchers))
 
-        await _until_signalled(*(asyncio.create_task(b.run()) for b in batchers), drain=drain)
+        running = [asyncio.create_task(b.run()) for b in batchers]
+        health.set_ready()
+        await _until_signalled(*running, drain=drain)
     finally:
+        beating.cancel()
         dispatcher.close()
         await adapters.close()
 
@@ -121,10 +128,15 @@ async def run_maintenance(settings: Settings) -> None:
         config=maintenance_config(settings),
         jobs=job_driver(adapters),
     )
+    health = role_health()
+    beating = asyncio.create_task(health.beat_forever())
     try:
         serve_role_metrics(settings, "maintenance")
-        await _until_signalled(asyncio.create_task(maintenance.run()))
+        running = asyncio.create_task(maintenance.run())
+        health.set_ready()
+        await _until_signalled(running)
     finally:
+        beating.cancel()
         await adapters.close()
 
 

@@ -22,11 +22,12 @@ from functools import cache
 from pathlib import Path
 
 from prometheus_client import (
+    REGISTRY,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
-    start_http_server,
+    make_wsgi_app,
 )
 
 from batchserve.core.logs import get_logger
@@ -223,20 +224,30 @@ def serve_role_metrics(settings: Settings, role: str) -> None:
     """Start a role's exporter when ``BATCHSERVE_METRICS_PORT`` is set (batcher, maintenance,
     webhooks; the worker serves its pool's, the API its ops listener)."""
     if settings.metrics_port is not None:
-        serve_exporter(settings.metrics_port, settings.metrics_host, role)
+        stall_s = settings.health_stall_s
+        serve_exporter(settings.metrics_port, settings.metrics_host, role, stall_after_s=stall_s)
 
 
-def serve_exporter(port: int, host: str, role: str, *, directory: Path | None = None) -> None:
-    """Serve this process's metrics (or, with ``directory``, its pool's) on ``host:port``."""
+def serve_exporter(
+    port: int,
+    host: str,
+    role: str,
+    *,
+    directory: Path | None = None,
+    stall_after_s: float = 30.0,
+) -> None:
+    """Serve this process's metrics (or, with ``directory``, its pool's) on ``host:port``,
+    with the role's ``/healthz`` and ``/readyz`` (:mod:`core.health`)."""
+    from batchserve.core.health import ops_app, role_health, serve_ops
+
     metrics()  # declare every metric now, so a scrape shows them before they first move
-    registry = None
+    registry: CollectorRegistry = REGISTRY
     if directory is not None:
         from prometheus_client import multiprocess
 
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, path=str(directory))
-    if registry is None:
-        start_http_server(port, addr=host)
-    else:
-        start_http_server(port, addr=host, registry=registry)
-    log.info("metrics_exporter", url=f"http://{host}:{port}/metrics")
+    health = role_health()
+    health.stall_after_s = stall_after_s
+    serve_ops(ops_app(make_wsgi_app(registry), health), host, port)
+    log.info("metrics_exporter", url=f"http://{host}:{port}/metrics", role=role)

@@ -8,6 +8,7 @@ one older than its code.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +88,19 @@ def schema_behind(url: str) -> str | None:
         f"the database schema is at revision {at or 'none (an empty database)'} and this "
         f"batchserve needs {latest}: run `batchserve migrate` first"
     )
+
+
+def wait_for_schema(url: str, wait_s: float, *, poll_s: float = 1.0) -> str | None:
+    """:func:`schema_behind`, asked again every ``poll_s`` for up to ``wait_s`` while the
+    schema is behind: a role started beside its migration (a Kubernetes Job, a compose
+    service) waits for it instead of failing. What is still wrong then, or ``None``."""
+    give_up = time.monotonic() + wait_s
+    problem = schema_behind(url)
+    if problem is not None and wait_s > 0:
+        from batchserve.core.logs import get_logger
+
+        get_logger("batchserve").warning("schema_behind", waiting_s=wait_s, problem=problem)
+    while problem is not None and time.monotonic() < give_up:
+        time.sleep(min(poll_s, max(0.0, give_up - time.monotonic())))
+        problem = schema_behind(url)
+    return problem

@@ -32,6 +32,12 @@ class Settings(BaseSettings):
     # on its public port). Unset: none.
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     metrics_host: str = "127.0.0.1"
+    # A role without an HTTP API answers 503 on its exporter's /healthz once its own loop has
+    # not run for this long (core/health.py), so an orchestrator restarts it.
+    health_stall_s: float = Field(default=30.0, gt=0)
+    # A role that finds the database's schema older than its code waits this long for it to be
+    # migrated (a migrate Job running beside it) before it refuses to start; 0: at once.
+    schema_wait_s: float = Field(default=0.0, ge=0)
 
     # Admission limits.
     max_body_bytes: int = 1_048_576

@@ -25,6 +25,7 @@ from typing import Any
 from celery import signals
 
 from batchserve.core.domain import BatchMessage
+from batchserve.core.health import role_health
 from batchserve.core.logs import get_logger
 from batchserve.core.loops import new_event_loop
 from batchserve.core.metrics import serve_role_metrics
@@ -101,14 +102,19 @@ class EngineWorker:
 
     def start_heartbeat(self) -> None:
         self._beater.start()
+        role_health().set_ready()
 
     def _beat(self) -> None:
+        # The slot heartbeat is the process's liveness too: a stalled engine stops both.
+        health = role_health()
         while not self._stop_beating.is_set():
             if not self.runner.stalled:
+                health.beat()
                 self.registration.beat(self.settings.worker_ttl_s)
             self._stop_beating.wait(self.settings.worker_heartbeat_s)
 
     def withdraw(self) -> None:
+        role_health().set_ready("draining")
         self._stop_beating.set()
         if self._beater.is_alive():  # a beat in flight must not re-announce after withdrawal
             self._beater.join(timeout=2.0)

@@ -12,6 +12,7 @@ from typing import Any
 
 from celery import signals
 
+from batchserve.core.health import RoleHealth, role_health
 from batchserve.core.logs import get_logger
 from batchserve.core.metrics import (
     enable_multiprocess,
@@ -71,7 +72,12 @@ class _Heartbeat:
     until the worker stops."""
 
     def __init__(
-        self, settings: Settings, spec: ModelSpec, slots: int, ready: _ReadyProcesses
+        self,
+        settings: Settings,
+        spec: ModelSpec,
+        slots: int,
+        ready: _ReadyProcesses,
+        health: RoleHealth | None = None,
     ) -> None:
         assert settings.redis_url
         worker = f"{spec.name}@{socket.gethostname()}:{os.getpid()}"
@@ -82,6 +88,7 @@ class _Heartbeat:
         self._ttl_s = settings.worker_ttl_s
         self._stop = threading.Event()
         self._ready = ready
+        self._health = health or role_health()
         self._model = spec.name
         self._thread = threading.Thread(target=self._loop, name="slot-heartbeat", daemon=True)
 
@@ -89,15 +96,22 @@ class _Heartbeat:
         self._thread.start()
 
     def _loop(self) -> None:
+        # This thread's beats are the worker's liveness; it is ready once its slots are out.
+        health = self._health
+        health.set_ready("loading the model")
         while self._ready.count() < self._ready.processes:
+            health.beat()
             if self._stop.wait(0.05):
                 return
         log.info("slots_announced", model=self._model, processes=self._ready.processes)
+        health.set_ready()
         while not self._stop.is_set():
+            health.beat()
             self._registration.beat(self._ttl_s)
             self._stop.wait(self._period_s)
 
     def stop(self) -> None:
+        self._health.set_ready("draining")
         self._stop.set()
         if self._thread.is_alive():  # a beat in flight must not re-announce after withdrawal
             self._thread.join(timeout=2.0)
@@ -111,7 +125,13 @@ def _serve_pool_metrics(settings: Settings) -> Path | None:
         return None
     directory = multiprocess_dir("worker")
     enable_multiprocess(directory)
-    serve_exporter(settings.metrics_port, settings.metrics_host, "worker", directory=directory)
+    serve_exporter(
+        settings.metrics_port,
+        settings.metrics_host,
+        "worker",
+        directory=directory,
+        stall_after_s=settings.health_stall_s,
+    )
     return directory
 
 

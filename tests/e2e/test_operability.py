@@ -156,6 +156,13 @@ async def test_metrics_of_every_role_are_present_and_move_under_load(
     maintenance = await scrape(f"http://127.0.0.1:{ports['maintenance']}/metrics")
     webhooks = await scrape(webhooks_metrics)
     everywhere = [api, batcher, worker, maintenance, webhooks]
+    # Each role's probes beside its metrics (an orchestrator's liveness and readiness).
+    async with httpx.AsyncClient() as probe:
+        for role, port in ports.items():
+            for path in ("/healthz", "/readyz"):
+                answer = await probe.get(f"http://127.0.0.1:{port}{path}")
+                assert answer.status_code == 200, (role, path, answer.text)
+                assert answer.json()["status"] == "ok", (role, path)
 
     # The API: admissions, refusals by reason, cancellations, and the deployment's gauges.
     admitted = len(backlog) + 2 + len(load.accepted)

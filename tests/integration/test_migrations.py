@@ -6,9 +6,12 @@ import itertools
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import psycopg
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -17,6 +20,7 @@ from sqlalchemy import create_engine
 
 from batchserve.core.migrate import current, head, schema_behind, sync_url, upgrade
 from batchserve.core.tables import Base
+from batchserve.testing.deployment import free_port
 from tests.conftest import server_env
 from tests.support import servers
 
@@ -99,3 +103,53 @@ def test_a_role_refuses_a_schema_older_than_its_code(empty_database: str, tmp_pa
     assert schema_behind(sqlite) is not None
     upgrade(sqlite)
     assert schema_behind(sqlite) is None
+
+
+def _get(url: str) -> tuple[int, dict[str, Any]]:
+    try:
+        response = httpx.get(url, timeout=2)
+    except httpx.HTTPError:
+        return 0, {}
+    return response.status_code, response.json() if "json" in response.headers.get(
+        "content-type", ""
+    ) else {"text": response.text}
+
+
+def test_a_role_waits_for_its_migration_then_answers_its_probes(empty_database: str) -> None:
+    """With BATCHSERVE_SCHEMA_WAIT_S a role started beside its migration (a Kubernetes Job)
+    waits for it instead of exiting; then its exporter answers /healthz, /readyz, /metrics."""
+    upgrade(empty_database, "0012")
+    port = free_port()
+    env = {
+        **os.environ,
+        **server_env(empty_database, f"schema{next(_numbers)}"),
+        "BATCHSERVE_SCHEMA_WAIT_S": "60",
+        "BATCHSERVE_METRICS_PORT": str(port),
+    }
+    role = subprocess.Popen(
+        [sys.executable, "-m", "batchserve.cli", "maintenance"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        time.sleep(3)
+        assert role.poll() is None, "the role exited instead of waiting for the migration"
+        assert _get(f"{base}/readyz")[0] == 0  # not started yet: nothing listens
+        upgrade(empty_database)
+        give_up = time.monotonic() + 30
+        while _get(f"{base}/readyz")[0] != 200 and time.monotonic() < give_up:
+            time.sleep(0.2)
+        assert _get(f"{base}/readyz") == (200, {"status": "ok"})
+        status, live = _get(f"{base}/healthz")
+        assert status == 200 and live["status"] == "ok"
+        metrics = httpx.get(f"{base}/metrics", timeout=2)
+        assert metrics.status_code == 200 and "batchserve_requests_finished_total" in metrics.text
+        assert _get(f"{base}/nothing")[0] == 404
+    finally:
+        role.terminate()
+        _, err = role.communicate(timeout=30)
+    assert role.returncode == 0, err
+    assert "schema_behind" in err

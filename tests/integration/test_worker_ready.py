@@ -9,6 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from batchserve.core.health import RoleHealth
 from batchserve.core.settings import Settings
 from batchserve.core.slots import RedisSlotDirectory
 from batchserve.models.registry import load_registry
@@ -37,7 +38,8 @@ async def test_slots_are_announced_once_every_pool_process_is_ready(settings: Se
     spec = load_registry(None).get(MODEL)
     assert spec is not None
     ready = _ReadyProcesses(2)
-    heartbeat = _Heartbeat(settings, spec, 1, ready)
+    health = RoleHealth()
+    heartbeat = _Heartbeat(settings, spec, 1, ready, health)
     stand_ins = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
     try:
         heartbeat.start()
@@ -47,12 +49,16 @@ async def test_slots_are_announced_once_every_pool_process_is_ready(settings: Se
         (ready.directory / str(dead.pid)).touch()  # a process that died counts for nothing
         await asyncio.sleep(0.5)
         assert await slots(settings) == 0
+        # Its probes: alive (the heartbeat thread beats while it waits), not ready yet.
+        assert health.liveness()[1]["status"] == "ok"
+        assert health.readiness() == (False, {"status": "not_ready", "reason": "loading the model"})
         mark_as(ready, stand_ins[1])
         for _ in range(40):
             if await slots(settings) == 1:
                 break
             await asyncio.sleep(0.05)
         assert await slots(settings) == 1
+        assert health.readiness() == (True, {"status": "ok"})
     finally:
         heartbeat.stop()
         ready.remove()
@@ -60,4 +66,5 @@ async def test_slots_are_announced_once_every_pool_process_is_ready(settings: Se
             process.kill()
             process.wait()
     assert await slots(settings) == 0
+    assert health.readiness() == (False, {"status": "not_ready", "reason": "draining"})
     assert not Path(ready.directory).exists()

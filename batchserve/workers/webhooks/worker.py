@@ -22,6 +22,7 @@ from celery import Celery, signals
 from batchserve.core.db import create_engine
 from batchserve.core.domain import ClaimedDelivery
 from batchserve.core.events import RedisEventBus
+from batchserve.core.health import role_health
 from batchserve.core.logs import get_logger
 from batchserve.core.settings import Settings
 from batchserve.core.store import JobStore
@@ -42,6 +43,7 @@ class WebhookRuntime:
         self._thread = threading.Thread(target=self.loop.run_forever, name="webhooks", daemon=True)
         self._senders = CelerySenders(app, settings)
         self._relay_task: asyncio.Task[None] | None = None
+        self._beating: asyncio.Task[None] | None = None
         self._deliverer: Deliverer | None = None
 
     def start(self) -> None:
@@ -64,6 +66,8 @@ class WebhookRuntime:
             events=self._events,
         )
         self._relay_task = asyncio.create_task(relay.run())
+        # Every delivery and the relay run on this loop: it beats for the process's liveness.
+        self._beating = asyncio.create_task(role_health().beat_forever())
 
     def deliver(self, claim: ClaimedDelivery) -> None:
         """Run one attempt on the loop; called from Celery's pool threads."""
@@ -78,6 +82,8 @@ class WebhookRuntime:
         self._senders.close()
 
     async def _stop(self) -> None:
+        if self._beating is not None:
+            self._beating.cancel()
         if self._relay_task is not None:
             self._relay_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -103,7 +109,12 @@ def run_webhooks(settings: Settings, *, loglevel: str = "INFO") -> None:
 
     @signals.worker_ready.connect(weak=False)
     def _ready(**_: Any) -> None:
+        role_health().set_ready()
         log.info("webhooks_ready", concurrency=settings.webhook_concurrency)
+
+    @signals.worker_shutting_down.connect(weak=False)
+    def _stopping(**_: Any) -> None:
+        role_health().set_ready("draining")
 
     runtime.start()
     worker = app.Worker(
