@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 
 from batchserve.core.broker import RequestQueue
+from batchserve.core.clock import deployment_time
 from batchserve.core.domain import QueueMessage, SubmitCommand
 from batchserve.core.errors import IdempotencyConflict, IdempotencyInProgress, Unavailable
 from batchserve.core.logs import get_logger
@@ -173,7 +174,7 @@ class Admitter:
             self.broker_healthy = False
             return
         self.broker_healthy = True
-        self._published.append(([m.id for m in messages], time.time()))
+        self._published.append(([m.id for m in messages], deployment_time()))
         self._published_kick.set()
 
     async def _mark_published_forever(self) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -13,6 +12,7 @@ from batchserve.api.deadlines import RecentAdmissions
 from batchserve.api.group_commit import Admitter
 from batchserve.api.quotas import Quotas
 from batchserve.api.waiters import Waiters
+from batchserve.core.clock import deployment_time
 from batchserve.core.domain import from_epoch
 from batchserve.core.logs import get_logger
 from batchserve.core.secretbox import SecretBox
@@ -37,7 +37,7 @@ class ApiServices:
     keyring: KeyRing
     quotas: Quotas
     # The clock requests are stamped with (the embedded stack's, which a test may step).
-    clock: Callable[[], float] = field(default=time.time)
+    clock: Callable[[], float] = field(default=deployment_time)
     # Admitted since the batcher's latest load snapshot: deadline admission counts them.
     recent_admissions: RecentAdmissions = field(default_factory=RecentAdmissions)
 
@@ -50,7 +50,7 @@ class ApiServices:
         settings: Settings,
         adapters: Adapters | None = None,
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = deployment_time,
     ) -> ApiServices:
         # A fixed pool by default: under load, a request waits for one of its connections
         # rather than opening (and Postgres forking) one of its own (docs/frontdoor.md).

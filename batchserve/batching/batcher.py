@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from batchserve.batching.policy import (
 from batchserve.batching.rate import RateMeter
 from batchserve.batching.timeline import LeadTuner, SlotTimeline
 from batchserve.core.broker import Delivery, RequestQueue
+from batchserve.core.clock import deployment_time
 from batchserve.core.domain import (
     BatchClosed,
     BatchItem,
@@ -156,7 +156,7 @@ class ModelBatcher(BatcherJobs):
         config: BatcherConfig | None = None,
         estimator: BatchTimeEstimator | None = None,
         loadboard: LoadBoard | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = deployment_time,
     ) -> None:
         self.spec = spec
         self.policy = policy_config(spec)

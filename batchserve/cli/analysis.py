@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -20,6 +19,7 @@ from batchserve.batching.capacity import (
     plan_engine_capacity,
 )
 from batchserve.batching.scenarios import SweepRow, adaptive_verdict, seed_exercises, sweep
+from batchserve.core.clock import deployment_time
 
 console = Console(width=120)
 
@@ -275,7 +275,7 @@ def measured_engine_plan(
     async def live_capacity() -> Any:
         adapters = connect(settings, pool_size=1)
         try:
-            return await adapters.slots.capacity(model, time.time())
+            return await adapters.slots.capacity(model, deployment_time())
         finally:
             await adapters.close()
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import time
 from collections.abc import Callable
 
 from batchserve.api.main import create_app
@@ -18,6 +17,7 @@ from batchserve.api.services import ApiServices
 from batchserve.batching.batcher import ModelBatcher
 from batchserve.cli.roles import batcher_config, job_driver, maintenance_config
 from batchserve.cli.served import redacted
+from batchserve.core.clock import deployment_time
 from batchserve.core.logs import get_logger
 from batchserve.core.migrate import upgrade
 from batchserve.core.republish import publish_and_mark
@@ -43,7 +43,7 @@ class EmbeddedStack:
     ``clock`` is the one every role reads; a test passes a fake one and, with
     ``start(background=False)``, steps the batchers and maintenance itself."""
 
-    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, settings: Settings, *, clock: Callable[[], float] = deployment_time) -> None:
         self.settings = settings
         self.clock = clock
         self.adapters: Adapters = connect(settings)

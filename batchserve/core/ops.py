@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -25,6 +24,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from batchserve.batching.capacity import plan_capacity
+from batchserve.core.clock import deployment_time
 from batchserve.core.domain import Lane, RequestState
 from batchserve.core.loadboard import LoadBoard
 from batchserve.core.slots import SlotDirectory
@@ -181,7 +181,7 @@ class OpsView:
         *,
         loadboard: LoadBoard | None = None,
         ttl_s: float = 1.0,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = deployment_time,
     ) -> None:
         self._stats = stats
         self._slots = slots

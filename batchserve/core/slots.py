@@ -8,7 +8,6 @@ a worker that stops beating drops out after ``ttl_s``.
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -18,6 +17,8 @@ import orjson
 import redis
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+
+from batchserve.core.clock import deployment_time
 
 
 def _keys(prefix: str, model: str) -> tuple[str, str, str]:
@@ -132,7 +133,7 @@ class SlotRegistration:
         self.profile = profile
 
     def beat(self, ttl_s: float) -> bool:
-        now = time.time()
+        now = deployment_time()  # the batcher compares it on its own host
         try:
             pipe = self._redis.pipeline(transaction=False)
             pipe.hset(self._slots_key, self.worker_id, self.value)

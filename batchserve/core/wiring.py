@@ -9,6 +9,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batchserve.core.broker import MemoryRequestQueue, RabbitRequestQueue, RequestQueue
+from batchserve.core.clock import follow_database
 from batchserve.core.db import Statements, create_engine, is_postgres
 from batchserve.core.domain import Lane, StateChange
 from batchserve.core.events import EventBus, MemoryEventBus, RedisEventBus
@@ -108,6 +109,8 @@ def connect(
     events: EventBus | None = None,
 ) -> Adapters:
     registry = load_registry(settings.models)
+    if not settings.embedded:
+        follow_database(settings.effective_database_url)  # the deployment's one clock
     engine = create_engine(
         settings.effective_database_url, pool_size=pool_size, max_overflow=max_overflow
     )

@@ -28,6 +28,9 @@ from batchserve.testing.forkserver import ForkedProcess
 ROOT = Path(__file__).resolve().parents[2]
 
 
+STARTUP_ENV = frozenset({"LD_PRELOAD", "PYTHONPATH"})
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -98,7 +101,10 @@ class Stack:
             role = Role(name, [python or sys.executable, "-m", "batchserve.cli", *args], log_path)
             self.roles[name] = role
         environment = {**self.env, **(env or {})}
-        template = forkserver.shared() if role.argv[0] == sys.executable else None
+        # A warm fork cannot take what acts at an interpreter's start (a preload, a
+        # sitecustomize on PYTHONPATH: a host with a skewed clock): such a role is exec'd.
+        warm = role.argv[0] == sys.executable and not STARTUP_ENV & (env or {}).keys()
+        template = forkserver.shared() if warm else None
         if template is not None:  # this interpreter, warm: the imports are done once
             role.process = template.spawn(
                 role.argv[3:], env=environment, cwd=ROOT, log=role.log_path

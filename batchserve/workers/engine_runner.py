@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from batchserve.core.broker import RequestQueue
+from batchserve.core.clock import deployment_time
 from batchserve.core.domain import (
     BatchClosed,
     BatchItem,
@@ -114,7 +115,7 @@ class EngineRunner:
         max_new_tokens: int,
         worker_id: str,
         config: EngineRunnerConfig | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = deployment_time,
         monotonic: Callable[[], float] = time.monotonic,
         on_stalled: Callable[[], None] | None = None,
         tokens: TokenLog | None = None,

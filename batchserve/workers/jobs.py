@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ from batchserve.api.batch_files import render_files
 from batchserve.api.batch_input import FileValidation
 from batchserve.core.broker import RequestQueue
 from batchserve.core.bulk import IngestClaim, JobStatus, LineError
+from batchserve.core.clock import deployment_time
 from batchserve.core.domain import (
     ErrorCode,
     Event,
@@ -68,7 +68,7 @@ class JobDriver:
         registry: Registry,
         settings: Settings,
         config: JobDriverConfig | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = deployment_time,
         events: EventBus | None = None,
     ) -> None:
         self._store = store

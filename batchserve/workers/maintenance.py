@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from batchserve.core.broker import RequestQueue
+from batchserve.core.clock import deployment_time
 from batchserve.core.domain import BatchClosed, BatchOutcome
 from batchserve.core.errors import Unavailable
 from batchserve.core.events import EventBus
@@ -58,7 +58,7 @@ class Maintenance:
         events: EventBus,
         config: MaintenanceConfig | None = None,
         jobs: JobDriver | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = deployment_time,
     ) -> None:
         self._store = store
         self._jobs = jobs

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from batchserve.core.broker import RequestQueue
+from batchserve.core.clock import deployment_time
 from batchserve.core.domain import (
     BatchClosed,
     BatchItem,
@@ -83,7 +84,7 @@ class BatchRunner:
         worker_id: str,
         lease_s: float,
         write_patience_s: float = 30.0,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = deployment_time,
         tokens: TokenLog | None = None,
     ) -> None:
         self.store = store

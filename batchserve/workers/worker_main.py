@@ -12,6 +12,7 @@ from typing import Any
 
 from celery import signals
 
+from batchserve.core.clock import follow_database
 from batchserve.core.health import RoleHealth, role_health
 from batchserve.core.logs import get_logger
 from batchserve.core.metrics import (
@@ -151,6 +152,9 @@ def run_worker(settings: Settings, spec: ModelSpec, *, slots: int, loglevel: str
 
         run_engine_worker(settings, spec, loglevel=loglevel)
         return
+    # The slot heartbeat (this process) and the pool (forked from it) keep time on the
+    # deployment's clock; each pool process syncs again as it connects.
+    follow_database(settings.effective_database_url)
     metrics_dir = _serve_pool_metrics(settings)
     app = create_celery(settings, [spec.name])
     app.task(name=RUN_BATCH_TASK, acks_late=True)(_run_batch)

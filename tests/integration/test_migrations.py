@@ -115,7 +115,9 @@ def _get(url: str) -> tuple[int, dict[str, Any]]:
     ) else {"text": response.text}
 
 
-def test_a_role_waits_for_its_migration_then_answers_its_probes(empty_database: str) -> None:
+def test_a_role_waits_for_its_migration_then_answers_its_probes(
+    empty_database: str, tmp_path: Path
+) -> None:
     """With BATCHSERVE_SCHEMA_WAIT_S a role started beside its migration (a Kubernetes Job)
     waits for it instead of exiting; then its exporter answers /healthz, /readyz, /metrics."""
     upgrade(empty_database, "0012")
@@ -126,16 +128,22 @@ def test_a_role_waits_for_its_migration_then_answers_its_probes(empty_database: 
         "BATCHSERVE_SCHEMA_WAIT_S": "60",
         "BATCHSERVE_METRICS_PORT": str(port),
     }
-    role = subprocess.Popen(
-        [sys.executable, "-m", "batchserve.cli", "maintenance"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    log = tmp_path / "maintenance.log"
+    with log.open("wb") as out:
+        role = subprocess.Popen(
+            [sys.executable, "-m", "batchserve.cli", "maintenance"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
-        time.sleep(3)
+        give_up = time.monotonic() + 60
+        while "schema_behind" not in log.read_text() and time.monotonic() < give_up:
+            assert role.poll() is None, log.read_text()
+            time.sleep(0.2)
+        assert "schema_behind" in log.read_text()
+        time.sleep(1.5)  # it keeps waiting
         assert role.poll() is None, "the role exited instead of waiting for the migration"
         assert _get(f"{base}/readyz")[0] == 0  # not started yet: nothing listens
         upgrade(empty_database)
@@ -150,6 +158,5 @@ def test_a_role_waits_for_its_migration_then_answers_its_probes(empty_database: 
         assert _get(f"{base}/nothing")[0] == 404
     finally:
         role.terminate()
-        _, err = role.communicate(timeout=30)
-    assert role.returncode == 0, err
-    assert "schema_behind" in err
+        role.wait(timeout=30)
+    assert role.returncode == 0, log.read_text()

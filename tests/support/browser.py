@@ -4,13 +4,13 @@ installed on first use (apt, as root), driven by Selenium with nothing downloade
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from tests.support.packages import ensure_debian
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -31,18 +31,7 @@ def installed() -> bool:
 
 def ensure_chromium() -> str | None:
     """Install the Debian packages if missing; the reason when that is impossible."""
-    if installed():
-        return None
-    if shutil.which("apt-get") is None:
-        return "no apt-get: install chromium and chromium-driver"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "chromium", "chromium-driver"]
-    for step in (install, ["apt-get", "update", "-q"], install):
-        done = subprocess.run(step, env=env, capture_output=True, text=True, timeout=900)
-        if done.returncode == 0 and installed():
-            return None
-    tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-    return f"apt-get could not install chromium (no network?): {' / '.join(tail)}"
+    return ensure_debian(["chromium", "chromium-driver"], [CHROMIUM, CHROMEDRIVER])
 
 
 @contextmanager

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -12,6 +11,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from batchserve.core import lifecycle
+from batchserve.core.clock import deployment_time
 from batchserve.core.db import autocommit, transaction
 from batchserve.core.domain import (
     DeliveryStatus,
@@ -178,7 +178,7 @@ class RequestVerbs(StoreBase):
         return found
 
     async def mark_published(self, ids: Sequence[str], now: float | None = None) -> None:
-        await self.mark_published_groups([(ids, now or time.time())])
+        await self.mark_published_groups([(ids, now or deployment_time())])
 
     async def mark_published_groups(self, groups: Sequence[tuple[Sequence[str], float]]) -> None:
         """Record when each group of messages reached the broker, in one transaction.
@@ -270,7 +270,7 @@ class RequestVerbs(StoreBase):
         self, request_id: uuid.UUID, tenant: str, now: float | None = None
     ) -> RequestRecord:
         """Cancel a queued or running request; its late result, if any, is discarded."""
-        now = now or time.time()
+        now = now or deployment_time()
         async with transaction(self.engine) as conn:
             ended = await self._end(
                 conn,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 import ssl
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,6 +15,7 @@ import orjson
 from batchserve.api.batch_schemas import batch_object
 from batchserve.api.schemas import RequestOut, dump
 from batchserve.core.bulk import JobRecord
+from batchserve.core.clock import deployment_time
 from batchserve.core.domain import ClaimedDelivery, DeliveryStart, RequestRecord
 from batchserve.core.logs import get_logger
 from batchserve.core.metrics import metrics
@@ -94,7 +94,7 @@ class Deliverer:
         secrets: WebhookSecrets,
         sender: WebhookSender,
         config: WebhookConfig,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = deployment_time,
         rng: random.Random | None = None,
     ) -> None:
         self._store = store
@@ -175,7 +175,7 @@ def create_deliverer(
     *,
     guard: UrlGuard | None = None,
     verify: ssl.SSLContext | bool = True,
-    clock: Callable[[], float] = time.time,
+    clock: Callable[[], float] = deployment_time,
 ) -> Deliverer:
     """A deliverer wired from settings: guard, sender, the tenants' secrets."""
     config = WebhookConfig.from_settings(settings)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
@@ -16,6 +15,7 @@ from typing import Protocol
 from celery import Celery
 from kombu.exceptions import KombuError
 
+from batchserve.core.clock import deployment_time
 from batchserve.core.domain import ClaimedDelivery, Event, StateChange
 from batchserve.core.errors import Unavailable
 from batchserve.core.events import EventBus, Subscription
@@ -48,7 +48,7 @@ class Relay:
         lease_s: float,
         tick_s: float = 0.5,
         events: EventBus | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = deployment_time,
     ) -> None:
         self._store = store
         self._senders = senders

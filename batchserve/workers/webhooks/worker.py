@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from celery import Celery, signals
 
+from batchserve.core.clock import follow_database
 from batchserve.core.db import create_engine
 from batchserve.core.domain import ClaimedDelivery
 from batchserve.core.events import RedisEventBus
@@ -53,6 +54,7 @@ class WebhookRuntime:
     async def _start(self) -> None:
         # Built on the loop that will use them: engines and Redis clients bind to their loop.
         assert self.settings.redis_url
+        follow_database(self.settings.effective_database_url)  # leases on the one clock
         self._engine = create_engine(self.settings.effective_database_url, pool_size=4)
         self._events = RedisEventBus(self.settings.redis_url, self.settings.name("events"))
         store = JobStore(self._engine, max_failures=self.settings.max_failures)
