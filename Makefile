@@ -21,10 +21,24 @@ AIPERF_VERSION := 0.13.0
 PIP_INSTALL := pip install --quiet --no-compile
 unexport PYTHONDONTWRITEBYTECODE
 
+# The container images (docker/*.Dockerfile) install from hash-pinned lock files: `make locks`
+# resolves them with uv for Linux x86-64 (glibc 2.35: Debian bookworm and Ubuntu 22.04 both
+# qualify) and Python 3.11, wheels only. uv reads package metadata and the indexes' hashes, so no
+# CUDA wheel is downloaded. A lock keeps its pins; `make locks LOCK_FLAGS=--upgrade` moves them.
+# torch's CPU build lies on PyTorch's CPU index alone: TORCH_CPU_LINKS names a page or folder that
+# holds it (its wheels' hashes go into requirements/worker-cpu.lock).
+TORCH_CPU_LINKS ?= https://download.pytorch.org/whl/cpu/torch/
+LOCK_ARGS := $(strip --generate-hashes --only-binary :all: --python-version 3.11 \
+	--python-platform x86_64-manylinux_2_35 $(LOCK_FLAGS))
+LOCK := $(BIN)/uv pip compile --quiet $(LOCK_ARGS)
+WORKER_CPU_LOCK := pyproject.toml requirements/worker-cpu.in --extra transformers \
+	--excludes requirements/weights-excludes.txt --find-links $(TORCH_CPU_LINKS) \
+	-o requirements/worker-cpu.lock
+
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install vllm-env bench-client run run-embedded test test-models test-browser static-checks lint services clean
+.PHONY: install vllm-env bench-client run run-embedded test test-models test-browser static-checks lint services locks clean
 
 install: $(STAMP)
 
@@ -59,13 +73,22 @@ $(CLIENT_STAMP):
 services:
 	./scripts/ensure-services.sh
 
+locks: install
+	$(LOCK) requirements/build.in -o requirements/build.lock
+	$(LOCK) pyproject.toml -o requirements/control-plane.lock
+	# uv's header leaves --find-links out: this lock's names it, where torch's CPU build came from.
+	$(LOCK) $(WORKER_CPU_LOCK) --custom-compile-command "uv pip compile $(LOCK_ARGS) $(WORKER_CPU_LOCK)"
+	$(LOCK) pyproject.toml requirements/worker-cuda.in --extra transformers \
+		-o requirements/worker-cuda.lock
+	$(LOCK) pyproject.toml --extra vllm -o requirements/worker-vllm.lock
+
 run: install
 	./scripts/run.sh $(HOST) $(PORT)
 
 run-embedded: install
 	exec $(BIN)/batchserve serve --host $(HOST) --port $(PORT)
 
-test:
+test: kubectl
 	# The two environments install at once (mostly downloads and unpacking: one core each), and
 	# the static checks and the test models' conversion (once, into the model cache) run as soon
 	# as the first is ready, beside the second's install; so does the dashboard test's browser.
@@ -78,6 +101,14 @@ test:
 	# afterwards, alone.
 	$(BIN)/pytest -q -rs --durations=25 -n 3 --dist loadfile -m "not exclusive"
 	$(BIN)/pytest -q -rs --durations=5 -m exclusive
+
+# The Kubernetes manifests' test renders them with `kubectl kustomize` (deploy/kubernetes/):
+# Debian's kubectl where none is on the PATH. Before the parallel setup, whose browser install
+# holds apt's lock.
+.PHONY: kubectl
+kubectl:
+	command -v kubectl >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q kubernetes-client \
+		|| (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q kubernetes-client)
 
 test-models: install
 	$(BIN)/python -m batchserve.models.hf tests/models.toml
