@@ -420,6 +420,63 @@ def stages_table(now: dict[str, Any], before: dict[str, Any]) -> str:
     return table(["run", "load", "overhead p50 ms", *(f"{s} p50" for s in STAGES)], rows)
 
 
+def processes_rows(doc: dict[str, Any]) -> list[tuple[int, int, float, dict[str, Any]]]:
+    """(run, processes, rate, result) for every batchserve path of the alternating runs."""
+    return [
+        (number, run["api_processes"], r["offered_rps"], r)
+        for number, run in enumerate(doc["runs"], 1)
+        for r in run["results"]
+        if r["path"] != "baseline"
+    ]
+
+
+def processes_table(doc: dict[str, Any]) -> str:
+    lines = [
+        "| run | API processes | load before | offered/s | path | p50 / p99 ms | served/s "
+        "| roles' CPU ms a request |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    loads = [run["machine"]["before"]["load_avg_1m"] for run in doc["runs"]]
+    for number, processes, rate, r in processes_rows(doc):
+        if rate < 200:
+            continue
+        cpu = round(sum(r["cpu_ms_per_request"].values()), 2)
+        lines.append(
+            f"| {number} | {processes} | {loads[number - 1]} | {rate:g} | {r['path']} "
+            f"| {r['p50_ms']} / {r['p99_ms']} | {r['served_rps']} | {cpu} |"
+        )
+    return "\n".join(lines)
+
+
+def processes_verdict(doc: dict[str, Any]) -> dict[str, str]:
+    """Whether two processes served more, or faster, than one at 300/s and 340/s."""
+
+    def figure(processes: int, rate: float, path: str, key: str) -> list[float]:
+        return [
+            float(r[key])
+            for _, p, offered, r in processes_rows(doc)
+            if p == processes and offered == rate and r["path"] == path
+        ]
+
+    served_more = all(
+        min(figure(2, rate, path, "served_rps")) > max(figure(1, rate, path, "served_rps"))
+        for rate in (300.0, 340.0)
+        for path in ("longpoll", "sync")
+    )
+    faster = all(
+        max(figure(2, rate, path, "p50_ms")) < min(figure(1, rate, path, "p50_ms"))
+        for rate in (300.0, 340.0)
+        for path in ("longpoll", "sync")
+    )
+    at_300 = figure(1, 300.0, "longpoll", "served_rps")
+    at_340 = figure(1, 340.0, "longpoll", "served_rps")
+    return {
+        "verdict": "It did not" if not (served_more or faster) else "It did",
+        "longpoll_300": f"{min(at_300)}-{max(at_300)}/s",
+        "longpoll_340": f"{min(at_340)}-{max(at_340)}/s",
+    }
+
+
 def main() -> None:
     now, before = load("frontdoor.json"), load("frontdoor-before.json")
     ingest, ingest_before = load("frontdoor-ingest.json"), load("frontdoor-ingest-before.json")
@@ -491,6 +548,9 @@ def main() -> None:
             rerun_sync_ratio=rerun["goals"]["served_vs_ideal"]["sync"],
         )
     )
+    processes = load("frontdoor-processes-ab.json")
+    print(PROCESSES.format(**processes_verdict(processes)))
+    print(processes_table(processes))
     print(EARLIER)
 
 
@@ -718,6 +778,23 @@ flame graph now. The latency gap is the hand-overs in the stage table: commit an
 the batcher (`to_batcher`), the batch's claim, Celery publish and lease (`dispatch`, which the
 learned lead hides only in part), the results' write and notification (`write_notify`) and the
 long-poll's answer (`poll`).
+"""
+
+PROCESSES = """
+### Several API processes on one port (`api --processes 2`): nothing gained on two cores
+
+One Python process serves HTTP on one core, and the API is most of the roles' CPU: `batchserve
+api --processes N` runs N processes on one listening socket (the kernel hands each connection
+to one of them; `batchserve/api/processes.py`). Four alternating runs of the frontdoor command
+at 100, 200, 300 and 340/s, with one API process and with two (`--api-processes 2`), the
+head on this section's machine (AMD EPYC, 2 cores, the load generator on them too)
+([frontdoor-processes-ab.json](frontdoor-processes-ab.json)). Did two processes serve more, or
+answer faster, at 300 and 340/s in every run? {verdict}: on two cores shared by every role and
+the load generator there is no idle core for the second process. It is for hosts with cores to
+spare; it stays off by default. With one process the long-poll path served {longpoll_300} at
+300/s and {longpoll_340} at 340/s: the collapse of "What is left" came back in one run of each
+kind, past the knee and with the machine busier before the run (the load column: a test run
+shared the machine during runs 3 and 4).
 """
 
 EARLIER = """

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -112,14 +113,22 @@ class _Beside(uvicorn.Server):
         yield
 
 
-async def serve_api(app: FastAPI, settings: Settings, host: str, port: int, **extra: Any) -> None:
-    """Serve ``app`` on ``host:port`` until told to stop, and its operator endpoints on the
-    metrics port when one is set (from when the app's services have started)."""
+async def serve_api(
+    app: FastAPI,
+    settings: Settings,
+    host: str,
+    port: int,
+    sockets: list[socket.socket] | None = None,
+    **extra: Any,
+) -> None:
+    """Serve ``app`` on ``host:port`` (or on ``sockets`` already listening) until told to
+    stop, and its operator endpoints on the metrics port when one is set (from when the app's
+    services have started)."""
     server = uvicorn.Server(server_config(app, settings, host, port, **extra))
     if settings.metrics_port is None:
-        await server.serve()
+        await server.serve(sockets=sockets)
         return
-    public = asyncio.create_task(server.serve())
+    public = asyncio.create_task(server.serve(sockets=sockets))
     while not server.started and not public.done():
         await asyncio.sleep(0.02)
     if public.done():

@@ -87,6 +87,9 @@ def bench(
         "profile.svg"
     ),
     keep: Annotated[bool, typer.Option(help="Keep the run's database and logs")] = False,
+    api_processes: Annotated[
+        int, typer.Option(min=1, max=64, help="Processes of batchserve's API (api --processes)")
+    ] = 1,
     model: Annotated[str, typer.Option(help="Model (scenario model)")] = "smollm2-135m",
     prompts: Annotated[int, typer.Option(help="Chat prompts (scenario model)")] = 64,
     max_tokens: Annotated[int, typer.Option(help="New tokens a request (scenario model)")] = 64,
@@ -181,6 +184,7 @@ def bench(
         profile=profile,
         profile_out=profile_out,
         keep=keep,
+        api_processes=api_processes,
     )
     names = list(ALL) if scenario == "all" else [scenario]
     documents = _run_loop(run_scenarios(names, options))

@@ -43,6 +43,7 @@ class BenchOptions:
     profile: str | None = None
     profile_out: Path = Path("profile.svg")
     keep: bool = False
+    api_processes: int = 1
 
 
 def machine() -> dict[str, Any]:
@@ -77,6 +78,7 @@ async def run_scenarios(names: list[str], options: BenchOptions) -> list[dict[st
             keep=options.keep,
             profile_role=options.profile,
             profile_out=options.profile_out,
+            api_processes=options.api_processes,
         )
         before = machine()
         started = time.monotonic()
@@ -86,6 +88,7 @@ async def run_scenarios(names: list[str], options: BenchOptions) -> list[dict[st
         finally:
             await deployment.stop()
         doc["machine"] = {"before": before, "after": machine()}
+        doc["api_processes"] = options.api_processes
         doc["wall_s"] = round(time.monotonic() - started, 1)
         doc["logs"] = str(deployment.log_dir)
         documents.append(doc)

@@ -167,6 +167,8 @@ class BenchDeployment:
     profile_out: Path | None = None
     # Further registry entries (name -> TOML table), e.g. the real models of the model bench.
     extra_models: dict[str, str] = field(default_factory=dict)
+    # Processes of the API (``batchserve api --processes``).
+    api_processes: int = 1
 
     def __post_init__(self) -> None:
         self._profiler: subprocess.Popen[bytes] | None = None
@@ -191,6 +193,7 @@ class BenchDeployment:
             "BATCHSERVE_MODELS": str(registry),
             "BATCHSERVE_LOG_LEVEL": "WARNING",
             "BATCHSERVE_LOG_FORMAT": "text",
+            "BATCHSERVE_API_PROCESSES": str(self.api_processes),
         }
         env.pop("BATCHSERVE_METRICS_PORT", None)
         self.stack = Stack(env=env, log_dir=self.log_dir)

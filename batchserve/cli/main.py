@@ -150,11 +150,25 @@ def _default_ops_port(host: str, port: int) -> int:
 
 
 @app.command()
-def api(host: Host = "127.0.0.1", port: Port = 8000) -> None:
+def api(
+    host: Host = "127.0.0.1",
+    port: Port = 8000,
+    processes: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=64,
+            help="Processes sharing the port, one core each (BATCHSERVE_API_PROCESSES; 1)",
+        ),
+    ] = None,
+) -> None:
     """The HTTP API."""
     from batchserve.cli.roles import run_api
 
-    run_api(_role_settings("api"), host, port)
+    settings = _role_settings("api")
+    if processes is not None:
+        settings = settings.model_copy(update={"api_processes": processes})
+    run_api(settings, host, port)
 
 
 @app.command()

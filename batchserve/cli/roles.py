@@ -144,6 +144,11 @@ def run_api(settings: Settings, host: str, port: int) -> None:
     from batchserve.api.main import create_app
     from batchserve.api.server import serve_api
 
+    if settings.api_processes > 1:
+        from batchserve.api.processes import ApiProcesses
+
+        raise SystemExit(ApiProcesses(settings, host, port, settings.api_processes).run())
+
     # On the services' loop (uvloop, the short GIL switch), as every other role; against the
     # standard loop it measured the same (docs/frontdoor.md).
     loops.run(serve_api(create_app(settings), settings, host, port, timeout_graceful_shutdown=10))

@@ -62,6 +62,9 @@ class Settings(BaseSettings):
     # Tenants. ``required``: every /v1 call needs an API key; ``disabled``: every caller is the
     # tenant ``anonymous`` (a single-user development server).
     auth: Literal["required", "disabled"] = "required"
+    # Processes of one ``batchserve api``, sharing its port (api/processes.py): one process
+    # serves HTTP on one core.
+    api_processes: int = Field(default=1, ge=1, le=64)
     api_db_pool_size: int = Field(
         default=10, ge=1, description="The API's Postgres connections (a process's pool)"
     )

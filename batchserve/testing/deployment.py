@@ -122,10 +122,13 @@ class Stack:
         log.close()
         return role
 
-    def start_api(self, name: str = "api", env: dict[str, str] | None = None) -> Role:
+    def start_api(
+        self, name: str = "api", env: dict[str, str] | None = None, *options: str
+    ) -> Role:
         """The API on this deployment's port, its operator endpoints on ``ops_port``."""
         env = {"BATCHSERVE_METRICS_PORT": str(self.ops_port), **(env or {})}
-        role = self.start(name, "api", "--host", "127.0.0.1", "--port", str(self.port), env=env)
+        address = ("--host", "127.0.0.1", "--port", str(self.port))
+        role = self.start(name, "api", *address, *options, env=env)
         self.wait_http()
         return role
 

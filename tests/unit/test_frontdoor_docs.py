@@ -286,3 +286,33 @@ def test_the_shorter_lead_for_batches_with_room_was_not_kept() -> None:
         )
     assert "the live p50 at 30 % load was higher in every run with it" in PROSE
     assert not hasattr(BatcherConfig(), "pipeline_late_share_with_room")  # not committed
+
+
+def test_a_second_api_process_gained_nothing_on_two_cores() -> None:
+    """The section's title: four alternating runs, one process and two, and two were neither
+    served more nor faster at 300 and 340/s in every run."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import frontdoor_docs
+
+    doc = _run("frontdoor-processes-ab.json")
+    assert [run["api_processes"] for run in doc["runs"]] == [1, 2, 1, 2]
+    assert all(
+        r["answered"] == r["sent"] and not r["wrong"] for run in doc["runs"] for r in run["results"]
+    )
+    verdict = frontdoor_docs.processes_verdict(doc)
+    assert verdict["verdict"] == "It did not"
+    assert "nothing gained on two cores" in DOC
+
+    # "the collapse came back in one run of each kind"
+    def collapsed(run: dict[str, Any]) -> bool:
+        for r in run["results"]:
+            offered, served = r["offered_rps"], r["served_rps"]
+            if r["path"] == "longpoll" and offered >= 300 and served < 250:
+                return True
+            if r["path"] == "sync" and offered >= 200 and served < 0.85 * offered:
+                return True
+        return False
+
+    for processes in (1, 2):
+        runs = [collapsed(run) for run in doc["runs"] if run["api_processes"] == processes]
+        assert runs.count(True) == 1, (processes, runs)

@@ -7,6 +7,7 @@ its public port.
 
 from __future__ import annotations
 
+import os
 from functools import cache
 from importlib.resources import files
 
@@ -52,13 +53,27 @@ async def prometheus_metrics(request: Request, services: Services) -> Response:
     """This process's metrics, and the deployment's queue and slot gauges."""
     view, cluster = ops_view(request, services)
     metrics()  # declared from the first scrape on, before they first move
-    body = generate_latest(REGISTRY)
+    body = generate_latest(_processes_registry())
     try:
         await view.gauges()
         body += generate_latest(cluster)
     except Unavailable as error:  # the process's own figures are still worth a scrape
         log.warning("metrics_gauges_unavailable", error=error)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+@cache
+def _processes_registry() -> CollectorRegistry:
+    """This process's metrics; with ``api --processes N``, every API process's, added up from
+    prometheus_client's multiprocess files."""
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory:
+        return REGISTRY
+    from prometheus_client import multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=directory)
+    return registry
 
 
 @router.get("/dashboard", include_in_schema=False)
