@@ -22,6 +22,7 @@ from batchserve.core.metrics import (
     remove_multiprocess_dir,
     serve_exporter,
 )
+from batchserve.core.pids import alive
 from batchserve.core.settings import Settings
 from batchserve.core.slots import SlotRegistration
 from batchserve.models.plugins import plugin_for
@@ -52,20 +53,10 @@ class _ReadyProcesses:
         (self.directory / str(os.getpid())).touch()
 
     def count(self) -> int:
-        return sum(1 for path in self.directory.iterdir() if _alive(int(path.name)))
+        return sum(1 for path in self.directory.iterdir() if alive(int(path.name)))
 
     def remove(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class _Heartbeat:

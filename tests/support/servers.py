@@ -11,6 +11,8 @@ import time
 
 import psycopg
 
+from batchserve.core.pids import alive
+
 PG_ADMIN = os.environ.get("BATCHSERVE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 BROKER_URL = os.environ.get("BATCHSERVE_TEST_BROKER", "amqp://guest:guest@127.0.0.1:5672//")
 REDIS_URL = os.environ.get("BATCHSERVE_TEST_REDIS", "redis://127.0.0.1:6379/0")
@@ -74,16 +76,6 @@ def drop_stale_databases() -> None:
                 continue
             with contextlib.suppress(psycopg.Error):
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def delete_queues(prefix: str) -> None:
