@@ -45,7 +45,9 @@ class DeploymentClock:
         local: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         resync_s: float = 60.0,
+        on_offset: Callable[[float], None] = lambda _offset: None,
     ) -> None:
+        self._on_offset = on_offset
         self._local = local
         self._monotonic = monotonic
         self.resync_s = resync_s
@@ -97,6 +99,7 @@ class DeploymentClock:
             if abs(offset) > SKEW_WORTH_LOGGING_S and abs(offset - self.offset_s) > 0.1:
                 log.warning("clock_skew", offset_s=round(offset, 3), note="corrected")
             self.offset_s = offset
+            self._on_offset(offset)
             return True
 
     def _resync_soon(self) -> None:
@@ -131,7 +134,13 @@ class PostgresTime:
         return found
 
 
-_clock = DeploymentClock()
+def _export_offset(offset_s: float) -> None:
+    from batchserve.core.metrics import metrics
+
+    metrics().clock_offset.set(offset_s)
+
+
+_clock = DeploymentClock(on_offset=_export_offset)
 
 
 def deployment_clock() -> DeploymentClock:

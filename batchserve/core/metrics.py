@@ -68,6 +68,7 @@ class Metrics:
     batch_size: Histogram
     batch_fill_ratio: Histogram
     pipeline_lead: Gauge
+    clock_offset: Gauge
     queue_wait: Histogram
     batch_wait: Histogram
     model_time: Histogram
@@ -138,6 +139,11 @@ def metrics() -> Metrics:
             "batchserve_pipeline_lead_seconds",
             "How long before a slot's running batch ends the batcher sends it the next (learned)",
             ["model"],
+        ),
+        clock_offset=Gauge(
+            "batchserve_clock_offset_seconds",
+            "The deployment's clock (Postgres's) less this host's, at the last sync (corrected)",
+            multiprocess_mode="mostrecent",
         ),
         queue_wait=Histogram(
             "batchserve_queue_wait_seconds",

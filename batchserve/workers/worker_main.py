@@ -143,10 +143,10 @@ def run_worker(settings: Settings, spec: ModelSpec, *, slots: int, loglevel: str
 
         run_engine_worker(settings, spec, loglevel=loglevel)
         return
+    metrics_dir = _serve_pool_metrics(settings)  # before any metric is touched
     # The slot heartbeat (this process) and the pool (forked from it) keep time on the
     # deployment's clock; each pool process syncs again as it connects.
     follow_database(settings.effective_database_url)
-    metrics_dir = _serve_pool_metrics(settings)
     app = create_celery(settings, [spec.name])
     app.task(name=RUN_BATCH_TASK, acks_late=True)(_run_batch)
     RuntimeHolder.settings = settings

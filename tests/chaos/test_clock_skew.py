@@ -9,7 +9,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from batchserve.testing.deployment import Stack
+import httpx
+
+from batchserve.testing.deployment import Stack, free_port
 from tests.chaos.conftest import ECHO, exactly_once, traffic
 from tests.support.live import db_rows
 
@@ -27,8 +29,10 @@ async def test_workers_5_s_ahead_and_behind_serve_without_a_reap(stack: Stack) -
     stack.start("batcher", "batcher")
     stack.start("maintenance", "maintenance")
     stack.start_api()
+    exporters = {name: free_port() for name in SKEWS}
     for name, offset in SKEWS.items():
-        stack.start(f"worker:{name}", "worker", "--model", ECHO, "--slots", "1", env=skewed(offset))
+        env = {**skewed(offset), "BATCHSERVE_METRICS_PORT": str(exporters[name])}
+        stack.start(f"worker:{name}", "worker", "--model", ECHO, "--slots", "1", env=env)
     stack.wait_slots(ECHO, 2)
     accepted = await traffic(stack, 60.0, 6.0, seed=31)
     report = exactly_once(stack, accepted)
@@ -50,3 +54,7 @@ async def test_workers_5_s_ahead_and_behind_serve_without_a_reap(stack: Stack) -
         found = [float(v) for v in re.findall(r"clock_skew.*?offset_s\W*?(-?[\d.]+)", log)]
         assert found, (name, log[-2000:])
         assert all(abs(v + offset) < 0.5 for v in found), (name, found)
+        # ... and shows it to Prometheus.
+        scrape = httpx.get(f"http://127.0.0.1:{exporters[name]}/metrics", timeout=5).text
+        shown = re.search(r"^batchserve_clock_offset_seconds(?:\{[^}]*\})? (\S+)$", scrape, re.M)
+        assert shown is not None and abs(float(shown.group(1)) + offset) < 0.5, (name, shown)

@@ -61,11 +61,13 @@ def test_a_skewed_host_reads_the_reference_time(skew_s: float) -> None:
     """A host 5 s off reads the reference's time to within half its best round trip, and
     keeps it as time goes by."""
     host = Host(skew_s)
-    clock = DeploymentClock(local=host.wall, monotonic=host.monotonic)
+    exported: list[float] = []
+    clock = DeploymentClock(local=host.wall, monotonic=host.monotonic, on_offset=exported.append)
     assert clock() == host.wall()  # no reference yet: the local clock
     assert clock.follow(Reference(host, [0.040, 0.002, 0.030]))
     assert clock() == pytest.approx(host.true_s, abs=0.001)
     assert clock.offset_s == pytest.approx(-skew_s, abs=0.001)
+    assert exported == [clock.offset_s]  # batchserve_clock_offset_seconds
     host.advance(30.0)
     assert clock() == pytest.approx(host.true_s, abs=0.001)
 
