@@ -6,8 +6,12 @@ time, the batcher counts it while that time is ahead), a request's deadline and 
 (the API writes them, maintenance acts on them). On each host's own ``time.time()`` a skew of a
 few seconds reaps live batches or hides live slots. So every process that talks to Postgres
 reads its wall time from :func:`deployment_time`: Postgres's ``clock_timestamp()``, sampled at
-start and every ``resync_s``, carried forward on this host's monotonic clock (immune to its wall
-clock's steps) between samples. Its error is half the round trip of the best of a few samples.
+start and every ``resync_s``. A host within ``tolerance_s`` (50 ms) of it, give or take half the
+sample's round trip, keeps its own clock: NTP holds hosts closer than a sample can tell, and
+every process of one host then reads the very same time (a process's stages, timed against
+another's, never run backwards). A host further off is corrected: Postgres's time, carried
+forward on the host's monotonic clock between samples (immune to its wall clock's steps), with
+an error of half the round trip of the best of three samples.
 
 The embedded mode (one process, SQLite) has one host: it keeps the local clock. Code under test
 injects its own clock wherever it takes one (``clock=``), so stepped tests are unaffected.
@@ -45,12 +49,14 @@ class DeploymentClock:
         local: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         resync_s: float = 60.0,
+        tolerance_s: float = 0.05,
         on_offset: Callable[[float], None] = lambda _offset: None,
     ) -> None:
         self._on_offset = on_offset
         self._local = local
         self._monotonic = monotonic
         self.resync_s = resync_s
+        self.tolerance_s = tolerance_s
         self._reference: Reference | None = None
         self._base: tuple[float, float] | None = None  # (server_s, monotonic_s) at one sample
         self._synced_at = float("-inf")
@@ -58,12 +64,12 @@ class DeploymentClock:
         self.offset_s = 0.0  # the reference's time less this host's, at the last sync
 
     def __call__(self) -> float:
-        base = self._base
-        if base is None:
-            return self._local()
         now = self._monotonic()
         if now - self._synced_at > self.resync_s and self._reference is not None:
             self._resync_soon()
+        base = self._base
+        if base is None:
+            return self._local()
         return base[0] + (now - base[1])
 
     def follow(self, reference: Reference) -> bool:
@@ -92,10 +98,14 @@ class DeploymentClock:
             if not readings:
                 return False
             # The reading with the shortest round trip has the smallest error.
-            midpoint, server_s, _ = min(readings, key=lambda r: r[2])
+            midpoint, server_s, trip_s = min(readings, key=lambda r: r[2])
             local_then = self._local() - (self._monotonic() - midpoint)
-            self._base = (server_s, midpoint)
             offset = server_s - local_then
+            # Within the tolerance (and what the round trip leaves unknown) the host's own
+            # clock serves: NTP keeps hosts closer than a sample can tell, and every process of
+            # one host then reads the very same time.
+            near = abs(offset) <= self.tolerance_s + trip_s / 2
+            self._base = None if near else (server_s, midpoint)
             if abs(offset) > SKEW_WORTH_LOGGING_S and abs(offset - self.offset_s) > 0.1:
                 log.warning("clock_skew", offset_s=round(offset, 3), note="corrected")
             self.offset_s = offset

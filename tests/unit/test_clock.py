@@ -56,7 +56,7 @@ class Reference:
         return found
 
 
-@pytest.mark.parametrize("skew_s", [-5.0, 5.0, 0.0])
+@pytest.mark.parametrize("skew_s", [-5.0, 5.0, 0.2])
 def test_a_skewed_host_reads_the_reference_time(skew_s: float) -> None:
     """A host 5 s off reads the reference's time to within half its best round trip, and
     keeps it as time goes by."""
@@ -72,10 +72,21 @@ def test_a_skewed_host_reads_the_reference_time(skew_s: float) -> None:
     assert clock() == pytest.approx(host.true_s, abs=0.001)
 
 
+def test_a_host_within_the_tolerance_keeps_its_own_clock() -> None:
+    """20 ms off with a 10 ms round trip: within 50 ms, the host's own time is served (every
+    process of the host then reads the same), and the offset is still reported."""
+    host = Host(-0.020)
+    exported: list[float] = []
+    clock = DeploymentClock(local=host.wall, monotonic=host.monotonic, on_offset=exported.append)
+    assert clock.follow(Reference(host, [0.010]))
+    assert clock() == host.wall()
+    assert exported == [pytest.approx(0.020, abs=0.001)]
+
+
 def test_it_survives_a_step_of_the_local_wall_clock() -> None:
-    """An NTP step of the host's wall clock between syncs changes nothing: time is carried on
-    the monotonic clock."""
-    host = Host(0.0)
+    """An NTP step of a corrected host's wall clock between syncs changes nothing: time is
+    carried on the monotonic clock."""
+    host = Host(3.0)
     clock = DeploymentClock(local=host.wall, monotonic=host.monotonic)
     clock.follow(Reference(host, [0.001]))
     host.skew_s = 7.0
