@@ -1,10 +1,13 @@
 """A deployment across hosts (network namespaces, batchserve/testing/hosts.py): the API on host
 a, the batcher and maintenance on b, a worker of ``echo-100ms`` on each of c and d, and open-loop
-load from this process to the API's address. Three faults, each run audited exactly once:
+load from this process to the API's address ((d): five hosts, below). Four faults, each run
+audited exactly once:
 
 (a) host c's link cut in the middle of a batch, past the lease, then healed;
 (b) host d's clock 5 s ahead, then 5 s behind, under load: no batch started twice;
-(c) host c killed (every process in it) mid-batch: host d serves the rest.
+(c) host c killed (every process in it) mid-batch: host d serves the rest;
+(d) host b, the active batcher's, cut off: the hot standby on host e (with maintenance) takes
+    over; b healed, its batcher comes back as the standby and dispatches nothing new.
 
 docs/cross-host.md has the picture and the figures; every figure there is a bound asserted here.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from batchserve.core.broker import requests_queue_name
+from batchserve.core.domain import Lane
 from batchserve.testing.chaos import ChaosReport
 from batchserve.testing.hosts import Hosts, HostStack, HostsUnavailable
 from tests.chaos.conftest import CHAOS_ENV, ECHO, exactly_once, traffic
@@ -43,10 +49,38 @@ MAX_LATENCY_S = 15.0
 MAX_LATENCY_SKEW_S = 5.0  # any request in a skew run (nothing reaped: nothing waits a lease)
 MIN_ACCEPTED = 200
 
+# (d) The batchers' AMQP heartbeat, set in their broker URL (``?heartbeat=``, read by aiormq
+# and by kombu): by default aiormq proposes 60 s, and RabbitMQ times a silent connection out
+# "between 2 and 3 intervals after the last data" (rabbit_heartbeat's receiver), so a
+# partitioned active batcher would hold its queues 120-180 s. 5 s is RabbitMQ's lowest
+# recommended value: 10-15 s.
+AMQP_HEARTBEAT_S = 5
+# From the cut to the first batch the batcher on e dispatched: RabbitMQ's 3 heartbeat
+# intervals at most, then the redelivery to e and its first batch (well under a second
+# unloaded) with slack for a loaded 2-core machine.
+MAX_TAKEOVER_S = 3 * AMQP_HEARTBEAT_S + 4.0
+# RabbitMQ cannot notice the dead consumer sooner: e dispatching earlier would mean that both
+# batchers were active at once.
+MIN_TAKEOVER_S = 2 * AMQP_HEARTBEAT_S - 1.0
+# After the heal the batcher on b finds its connection dead (aiormq: no frame for 3 x (5+1) s
+# since the cut) and reconnects (aio_pika's robust connection, within its 5 s reconnect
+# interval), as the standby; 10 s of slack for a loaded machine and rabbitmqctl's own second.
+MAX_BACK_S = 3 * (AMQP_HEARTBEAT_S + 1) + 5.0 + 10.0
+HOLD_AFTER_TAKEOVER_S = 3.0  # e serves alone this long before b is healed
+# The load: 3 s before the cut, the takeover at its slowest (19 s), the hold, and at least
+# MIN_LOAD_AFTER_HEAL_S once b is healed (b comes back under load).
+LOAD_S = 36.0
+MIN_LOAD_AFTER_HEAL_S = 5.0
+# Any request in (d): one that reached b's queue (unacked) waits for the takeover; one in a
+# batch b claimed but never handed over waits out the dispatch grace (5 s) and the reap.
+MAX_LATENCY_FAILOVER_S = MAX_TAKEOVER_S + 8.0
+FIVE_HOSTS = ["a", "b", "c", "d", "e"]
+
 
 @pytest.fixture
-def net(run_id: str, tmp_path: Path) -> Iterator[Hosts]:
-    made = Hosts(["a", "b", "c", "d"], run=run_id, log_dir=tmp_path)
+def net(request: pytest.FixtureRequest, run_id: str, tmp_path: Path) -> Iterator[Hosts]:
+    names = getattr(request, "param", ["a", "b", "c", "d"])  # a test may ask for others
+    made = Hosts(names, run=run_id, log_dir=tmp_path)
     try:
         made.create()
     except HostsUnavailable as error:
@@ -269,3 +303,182 @@ async def test_a_worker_host_killed_mid_batch_the_other_serves_the_rest(
     summary("c: host killed", report, recovery, latency)
     assert LEASE_S < recovery < MAX_RECOVERY_S
     assert latency < MAX_LATENCY_S
+
+
+# -- (d) the active batcher's host cut off ------------------------------------------------------
+
+
+def heartbeat_env(stack: HostStack, host: str) -> dict[str, str]:
+    """The broker URL of a role on ``host``, with the AMQP heartbeat of this run."""
+    url = stack.host_env(host)["BATCHSERVE_BROKER_URL"]
+    joiner = "&" if "?" in url else "?"
+    return {"BATCHSERVE_BROKER_URL": f"{url}{joiner}heartbeat={AMQP_HEARTBEAT_S}"}
+
+
+def wait_logged(stack: HostStack, role: str, pattern: str, timeout_s: float = 30.0) -> None:
+    give_up = time.monotonic() + timeout_s
+    while not re.search(pattern, stack.logs(role)):
+        assert time.monotonic() < give_up, f"{role} did not log {pattern!r} in {timeout_s} s"
+        time.sleep(0.05)
+
+
+def deploy_failover(stack: HostStack) -> None:
+    """The API on a, the active batcher on b, the standby and maintenance on e, workers on c
+    and d. b's batcher registers its consumers first: RabbitMQ makes it the active one."""
+    started = rf"batcher_started\b.*\bmodel={re.escape(ECHO)}\b"
+    stack.start("batcher-b", "batcher", env=heartbeat_env(stack, "b"), host="b")
+    wait_logged(stack, "batcher-b", started)
+    stack.start("batcher-e", "batcher", env=heartbeat_env(stack, "e"), host="e")
+    stack.start("maintenance", "maintenance", host="e")
+    for host in ("c", "d"):
+        argv = ("worker", "--model", ECHO, "--slots", str(SLOTS))
+        stack.start(f"worker-{host}", *argv, host=host)
+    stack.start_api_on("a")
+    wait_logged(stack, "batcher-e", started)
+    stack.wait_slots(ECHO, 2 * SLOTS)
+
+
+_FIELD = re.compile(r"\b(model|batch_id|request_ids)=(\S+)")
+
+
+def logged(stack: HostStack, role: str, event: str) -> list[dict[str, str]]:
+    """The fields of each ``event`` line of ECHO in ``role``'s log (text format)."""
+    found = []
+    for line in stack.logs(role).splitlines():
+        if f" {event} " not in line:
+            continue
+        fields = dict(_FIELD.findall(line))
+        if fields.get("model") == ECHO:
+            found.append(fields)
+    return found
+
+
+def dispatched_by(stack: HostStack, role: str) -> list[str]:
+    """The batches ``role`` dispatched (its ``batch_dispatched`` lines)."""
+    return [f["batch_id"] for f in logged(stack, role, "batch_dispatched")]
+
+
+def claimed_by(stack: HostStack, role: str) -> dict[str, set[str]]:
+    """Batch -> the requests ``role`` claimed for it (its ``requests_running`` lines)."""
+    members: dict[str, set[str]] = {}
+    for f in logged(stack, role, "requests_running"):
+        members.setdefault(f["batch_id"], set()).update(f["request_ids"].split(","))
+    return members
+
+
+def dispatched_at(stack: HostStack, batches: list[str]) -> dict[str, float]:
+    rows = db_rows(
+        stack,
+        "SELECT id, extract(epoch FROM dispatched_at) FROM batches WHERE id::text = ANY(:b)",
+        b=batches,
+    )
+    return {str(b): float(at) for b, at in rows}
+
+
+def consumers(stack: HostStack) -> list[str]:
+    """The consumers of ECHO's interactive queue, as RabbitMQ lists them: ``single_active``
+    or ``waiting`` each (a passive declare counts only the active one)."""
+    name = requests_queue_name(stack.env["BATCHSERVE_NAMESPACE"], ECHO, Lane.INTERACTIVE)
+    argv = ["rabbitmqctl", "list_consumers", "-q", "--no-table-headers"]
+    out = subprocess.run(
+        [*argv, "queue_name", "activity_status"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    rows = (line.split("\t") for line in out.splitlines())
+    return sorted(row[1] for row in rows if len(row) == 2 and row[0] == name)
+
+
+ACTIVE_AND_WAITING = ["single_active", "waiting"]
+
+
+def wait_standby_back(stack: HostStack, since: float) -> float:
+    """Seconds from ``since`` until ECHO's queue has an active and a waiting consumer again."""
+    give_up = time.monotonic() + MAX_BACK_S
+    while (found := consumers(stack)) != ACTIVE_AND_WAITING:
+        assert time.monotonic() < give_up, f"consumers {found} {MAX_BACK_S} s after the heal"
+        time.sleep(0.5)
+    return time.time() - since
+
+
+def wait_takeover(stack: HostStack, cut_at: float) -> float:
+    """Seconds from the cut to the first batch the batcher on e dispatched."""
+    give_up = time.monotonic() + MAX_TAKEOVER_S + 5.0
+    while True:
+        ours = dispatched_by(stack, "batcher-e")
+        if ours:
+            return min(dispatched_at(stack, ours).values()) - cut_at
+        assert time.monotonic() < give_up, "the standby on host e never dispatched a batch"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("net", [FIVE_HOSTS], ids=["five-hosts"], indirect=True)
+async def test_the_active_batchers_host_cut_off_the_standby_takes_over(
+    stack: HostStack,
+) -> None:
+    deploy_failover(stack)
+    load = asyncio.create_task(traffic(stack, RATE, LOAD_S, seed=54))
+    started = time.monotonic()
+    # b is the active batcher: batches flow through it, none through e.
+    give_up = started + 15.0
+    while len(dispatched_by(stack, "batcher-b")) < 10:
+        assert time.monotonic() < give_up, "no batches through the batcher on host b"
+        await asyncio.sleep(0.1)
+    assert dispatched_by(stack, "batcher-e") == []
+    assert await asyncio.to_thread(consumers, stack) == ACTIVE_AND_WAITING  # b and e
+    await asyncio.sleep(max(0.0, started + 3.0 - time.monotonic()))
+    cut_at = time.time()
+    stack.hosts.cut("b")
+    takeover = await asyncio.to_thread(wait_takeover, stack, cut_at)
+    await asyncio.sleep(HOLD_AFTER_TAKEOVER_S)
+    stack.hosts.heal("b")
+    heal_at = time.time()
+    assert started + LOAD_S - time.monotonic() >= MIN_LOAD_AFTER_HEAL_S, "heal too late"
+    # RabbitMQ dropped b's consumer at the takeover; b's batcher registers again, waiting.
+    back = await asyncio.to_thread(wait_standby_back, stack, heal_at)
+    accepted = await load
+    report = exactly_once(stack, accepted)
+    assert_clean(report, accepted)
+    latency = max_latency_s(stack, accepted)
+
+    # Every batch was dispatched by one of the two batchers (the logs tell which), none twice.
+    on_b, on_e = dispatched_by(stack, "batcher-b"), dispatched_by(stack, "batcher-e")
+    rows = db_rows(stack, "SELECT id, outcome, size FROM batches WHERE model = :m", m=ECHO)
+    assert {str(b) for b, _, _ in rows} == set(on_b) | set(on_e)
+    assert not set(on_b) & set(on_e)
+    # No request in two succeeded batches: their sizes add up to the requests, each once.
+    assert sum(size for _, outcome, size in rows if outcome == "succeeded") == len(accepted)
+    # No split brain: after the cut, b dispatched only requests it held before it (never one
+    # published since: those went to e), and nothing at all once it was back.
+    times = dispatched_at(stack, on_b)
+    b_after_cut = [b for b in on_b if times[b] > cut_at]
+    assert not [b for b in b_after_cut if times[b] > heal_at], "b dispatched after the heal"
+    claimed_b = claimed_by(stack, "batcher-b")
+    late = [r for b in b_after_cut for r in claimed_b.get(b, ())]
+    if late:
+        created = db_rows(
+            stack,
+            "SELECT max(extract(epoch FROM created_at)) FROM requests WHERE id::text = ANY(:i)",
+            i=late,
+        )
+        assert float(created[0][0]) < cut_at, "b claimed a request published after the cut"
+    claimed_e = claimed_by(stack, "batcher-e")
+    succeeded = {str(b) for b, outcome, _ in rows if outcome == "succeeded"}
+    both = {r for b in b_after_cut if b in succeeded for r in claimed_b.get(b, ())} & {
+        r for b, ids in claimed_e.items() if b in succeeded for r in ids
+    }
+    assert not both, sorted(both)[:5]
+    # The batcher on b lived through the cut and is the standby now; e served after the heal.
+    assert stack.roles["batcher-b"].alive()
+    assert max(dispatched_at(stack, on_e).values()) > heal_at
+    outcome_of = {str(b): outcome for b, outcome, _ in rows}
+    late_outcomes = [outcome_of[b] for b in b_after_cut]
+    print(
+        f"\ncross-host d: batches b={len(on_b)} (claimed after the cut: {late_outcomes})"
+        f" e={len(on_e)} takeover={takeover:.2f}s b_back_after_heal={back:.2f}s"
+    )
+    summary("d: batcher host cut", report, None, latency)
+    assert MIN_TAKEOVER_S < takeover < MAX_TAKEOVER_S
+    assert latency < MAX_LATENCY_FAILOVER_S
