@@ -50,11 +50,11 @@ def listening_socket(host: str, port: int, backlog: int = 2048) -> socket.socket
 
 
 class ApiProcesses:
-    def __init__(self, settings: Settings, host: str, port: int, processes: int) -> None:
+    def __init__(self, settings: Settings, host: str, port: int) -> None:
         self.settings = settings
         self.host = host
         self.port = port
-        self.processes = processes
+        self.processes = settings.api_processes
         self._children: dict[int, int] = {}  # pid -> index
         self._started: dict[int, float] = {}  # index -> when its current process started
         self._pause_s: dict[int, float] = {}

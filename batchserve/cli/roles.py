@@ -147,7 +147,7 @@ def run_api(settings: Settings, host: str, port: int) -> None:
     if settings.api_processes > 1:
         from batchserve.api.processes import ApiProcesses
 
-        raise SystemExit(ApiProcesses(settings, host, port, settings.api_processes).run())
+        raise SystemExit(ApiProcesses(settings, host, port).run())
 
     # On the services' loop (uvloop, the short GIL switch), as every other role; against the
     # standard loop it measured the same (docs/frontdoor.md).

@@ -142,7 +142,8 @@ def metrics() -> Metrics:
         ),
         clock_offset=Gauge(
             "batchserve_clock_offset_seconds",
-            "The deployment's clock (Postgres's) less this host's, at the last sync (corrected)",
+            "Postgres's clock less this host's at the last sync (a host more than 50 ms off is "
+            "corrected to it)",
             multiprocess_mode="mostrecent",
         ),
         queue_wait=Histogram(
@@ -226,6 +227,16 @@ def mark_process_dead(pid: int) -> None:
         multiprocess.mark_process_dead(pid)
 
 
+def processes_registry(directory: Path | str) -> CollectorRegistry:
+    """The metrics of every process that counts into ``directory`` (multiprocess mode), added
+    up at each scrape."""
+    from prometheus_client import multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(directory))
+    return registry
+
+
 def serve_role_metrics(settings: Settings, role: str) -> None:
     """Start a role's exporter when ``BATCHSERVE_METRICS_PORT`` is set (batcher, maintenance,
     webhooks; the worker serves its pool's, the API its ops listener)."""
@@ -247,12 +258,7 @@ def serve_exporter(
     from batchserve.core.health import ops_app, role_health, serve_ops
 
     metrics()  # declare every metric now, so a scrape shows them before they first move
-    registry: CollectorRegistry = REGISTRY
-    if directory is not None:
-        from prometheus_client import multiprocess
-
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, path=str(directory))
+    registry = REGISTRY if directory is None else processes_registry(directory)
     health = role_health()
     health.stall_after_s = stall_after_s
     serve_ops(ops_app(make_wsgi_app(registry), health), host, port)

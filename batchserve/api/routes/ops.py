@@ -22,7 +22,7 @@ from batchserve.api.responses import JSON
 from batchserve.api.services import ApiServices
 from batchserve.core.errors import Unavailable
 from batchserve.core.logs import get_logger
-from batchserve.core.metrics import metrics
+from batchserve.core.metrics import metrics, processes_registry
 from batchserve.core.ops import ClusterCollector, OpsView
 from batchserve.core.store.stats import StatsReader
 
@@ -64,16 +64,9 @@ async def prometheus_metrics(request: Request, services: Services) -> Response:
 
 @cache
 def _processes_registry() -> CollectorRegistry:
-    """This process's metrics; with ``api --processes N``, every API process's, added up from
-    prometheus_client's multiprocess files."""
+    """This process's metrics; with ``api --processes N``, every API process's."""
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if not directory:
-        return REGISTRY
-    from prometheus_client import multiprocess
-
-    registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry, path=directory)
-    return registry
+    return processes_registry(directory) if directory else REGISTRY
 
 
 @router.get("/dashboard", include_in_schema=False)
