@@ -29,6 +29,7 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 from aiormq.exceptions import AMQPError
+from yarl import URL
 
 from batchserve.core.domain import Lane, QueueMessage
 from batchserve.core.errors import Unavailable
@@ -197,9 +198,27 @@ def pack_size(lane: Lane) -> int:
     return INTERACTIVE_PACK if lane is Lane.INTERACTIVE else BULK_PACK
 
 
+def heartbeat_of(url: str, default_s: int) -> int:
+    """The AMQP heartbeat a connection to ``url`` uses: the URL's own ``heartbeat=`` (aiormq
+    and kombu read it from the query), else ``default_s``."""
+    given = URL(url).query.get("heartbeat")
+    return int(given) if given is not None and given.isdigit() else default_s
+
+
+def with_heartbeat(url: str, default_s: int) -> str:
+    """``url`` naming the heartbeat :func:`heartbeat_of` gives it."""
+    parsed = URL(url)
+    if "heartbeat" in parsed.query:
+        return url
+    return str(parsed.update_query(heartbeat=default_s))
+
+
 class RabbitRequestQueue(RequestQueue):
-    def __init__(self, url: str, prefix: str, *, publish_timeout_s: float = 5.0) -> None:
-        self._url = url
+    def __init__(
+        self, url: str, prefix: str, *, publish_timeout_s: float = 5.0, heartbeat_s: int = 5
+    ) -> None:
+        self._url = with_heartbeat(url, heartbeat_s)
+        self.connection_name = f"batchserve {prefix}".strip()
         self._prefix = prefix
         self._publish_timeout_s = publish_timeout_s
         self._connection: AbstractRobustConnection | None = None
@@ -219,7 +238,8 @@ class RabbitRequestQueue(RequestQueue):
                         self._connection = await aio_pika.connect_robust(
                             self._url,
                             timeout=5,
-                            client_properties={"connection_name": "batchserve"},
+                            # Named by deployment, so an operator (and a test) tells them apart.
+                            client_properties={"connection_name": self.connection_name},
                         )
                     except (TimeoutError, AMQPError, OSError) as error:
                         raise Unavailable(

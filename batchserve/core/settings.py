@@ -20,6 +20,11 @@ class Settings(BaseSettings):
     database_url: str | None = None
     broker_url: str | None = None
     redis_url: str | None = None
+    # The AMQP heartbeat of every connection to RabbitMQ (the API's and batcher's, Celery's),
+    # unless the broker URL sets ``heartbeat=`` itself. RabbitMQ drops a connection that has
+    # been silent for 2-3 intervals, and only then hands a cut-off batcher's queues to the
+    # standby: at 5 s that is 10-15 s, at the libraries' 60 s default 2-3 minutes. 0: none.
+    broker_heartbeat_s: int = Field(default=5, ge=0, le=600, description="AMQP heartbeat")
     models: Path | None = Field(default=None, description="Path of the model registry file")
 
     # Prefix of every queue, Redis key and channel, so deployments and test runs can share servers.

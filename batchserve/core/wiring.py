@@ -129,7 +129,9 @@ def connect(
     else:
         assert settings.broker_url and settings.redis_url
         events = events or redis_event_bus(settings)
-        queue = RabbitRequestQueue(settings.broker_url, settings.namespace)
+        queue = RabbitRequestQueue(
+            settings.broker_url, settings.namespace, heartbeat_s=settings.broker_heartbeat_s
+        )
         slots = RedisSlotDirectory(settings.redis_url, settings.key_prefix)
         loadboard = RedisLoadBoard(settings.redis_url, settings.key_prefix)
         ratelimit = RedisRateLimiter(settings.redis_url, settings.key_prefix)

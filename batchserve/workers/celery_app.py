@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from celery import Celery
 from kombu import Queue
 
+from batchserve.core.broker import heartbeat_of
 from batchserve.core.settings import Settings
 
 RUN_BATCH_TASK = "batchserve.run_batch"
@@ -61,7 +62,7 @@ def create_celery(settings: Settings, models: Iterable[str], *, webhooks: bool =
         accept_content=["json"],
         broker_transport_options={"confirm_publish": True},
         broker_connection_retry_on_startup=True,
-        broker_heartbeat=10,
+        broker_heartbeat=heartbeat_of(settings.broker_url, settings.broker_heartbeat_s),
         task_publish_retry_policy={
             "max_retries": 2,
             "interval_start": 0.1,

@@ -27,6 +27,7 @@ import pytest
 
 from batchserve.core.broker import requests_queue_name
 from batchserve.core.domain import Lane
+from batchserve.core.settings import Settings
 from batchserve.testing.chaos import ChaosReport
 from batchserve.testing.hosts import Hosts, HostStack, HostsUnavailable
 from tests.chaos.conftest import CHAOS_ENV, ECHO, exactly_once, traffic
@@ -49,12 +50,12 @@ MAX_LATENCY_S = 15.0
 MAX_LATENCY_SKEW_S = 5.0  # any request in a skew run (nothing reaped: nothing waits a lease)
 MIN_ACCEPTED = 200
 
-# (d) The batchers' AMQP heartbeat, set in their broker URL (``?heartbeat=``, read by aiormq
-# and by kombu): by default aiormq proposes 60 s, and RabbitMQ times a silent connection out
-# "between 2 and 3 intervals after the last data" (rabbit_heartbeat's receiver), so a
-# partitioned active batcher would hold its queues 120-180 s. 5 s is RabbitMQ's lowest
-# recommended value: 10-15 s.
-AMQP_HEARTBEAT_S = 5
+# (d) The batchers' AMQP heartbeat: batchserve's default (BATCHSERVE_BROKER_HEARTBEAT_S, put
+# in the broker URL's query for aiormq), not set by this test, so the run holds the default to
+# its takeover time. RabbitMQ times a silent connection out "between 2 and 3 intervals after
+# the last data" (rabbit_heartbeat's receiver): at 5 s, 10-15 s; at aiormq's own default of
+# 60 s a partitioned active batcher would hold its queues 120-180 s.
+AMQP_HEARTBEAT_S = Settings.model_fields["broker_heartbeat_s"].default
 # From the cut to the first batch the batcher on e dispatched: RabbitMQ's 3 heartbeat
 # intervals at most, then the redelivery to e and its first batch (well under a second
 # unloaded) with slack for a loaded 2-core machine.
@@ -308,13 +309,6 @@ async def test_a_worker_host_killed_mid_batch_the_other_serves_the_rest(
 # -- (d) the active batcher's host cut off ------------------------------------------------------
 
 
-def heartbeat_env(stack: HostStack, host: str) -> dict[str, str]:
-    """The broker URL of a role on ``host``, with the AMQP heartbeat of this run."""
-    url = stack.host_env(host)["BATCHSERVE_BROKER_URL"]
-    joiner = "&" if "?" in url else "?"
-    return {"BATCHSERVE_BROKER_URL": f"{url}{joiner}heartbeat={AMQP_HEARTBEAT_S}"}
-
-
 def wait_logged(stack: HostStack, role: str, pattern: str, timeout_s: float = 30.0) -> None:
     give_up = time.monotonic() + timeout_s
     while not re.search(pattern, stack.logs(role)):
@@ -326,9 +320,9 @@ def deploy_failover(stack: HostStack) -> None:
     """The API on a, the active batcher on b, the standby and maintenance on e, workers on c
     and d. b's batcher registers its consumers first: RabbitMQ makes it the active one."""
     started = rf"batcher_started\b.*\bmodel={re.escape(ECHO)}\b"
-    stack.start("batcher-b", "batcher", env=heartbeat_env(stack, "b"), host="b")
+    stack.start("batcher-b", "batcher", host="b")
     wait_logged(stack, "batcher-b", started)
-    stack.start("batcher-e", "batcher", env=heartbeat_env(stack, "e"), host="e")
+    stack.start("batcher-e", "batcher", host="e")
     stack.start("maintenance", "maintenance", host="e")
     for host in ("c", "d"):
         argv = ("worker", "--model", ECHO, "--slots", str(SLOTS))
