@@ -9,6 +9,7 @@ import time
 import uuid
 
 from batchserve.api.services import ApiServices
+from batchserve.api.waiters import Wake
 from batchserve.core.domain import RequestRecord
 from batchserve.core.errors import NotFound
 
@@ -46,7 +47,7 @@ async def wait_from(
     record: RequestRecord,
     tenant: str,
     wait_s: float,
-    changed: asyncio.Event,
+    changed: Wake,
 ) -> RequestRecord:
     """Wait for the end of a request read (or admitted) after ``changed`` began watching it:
     nothing to read again until a notification comes."""
@@ -60,7 +61,7 @@ async def _wait(
     tenant: str,
     wait_s: float,
     until: str,
-    changed: asyncio.Event,
+    changed: Wake,
 ) -> RequestRecord:
     waiters = services.waiters
     give_up_at = time.monotonic() + wait_s
@@ -73,7 +74,11 @@ async def _wait(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(changed.wait(), timeout=timeout)
         changed.clear()
-        record = await read_request(services, first.id, tenant)
+        carried = changed.take_record()
+        if carried is not None and carried.id == first.id and carried.tenant == tenant:
+            record = carried  # the notification brought it as committed: no read
+        else:
+            record = await read_request(services, first.id, tenant)
     return record
 
 

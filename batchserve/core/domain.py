@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -265,23 +265,80 @@ class RequestRecord:
     webhook_url: str | None = None
 
 
+_RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))
+_TIMINGS_FIELDS = tuple(f.name for f in fields(Timings))
+
+
+def record_wire(record: RequestRecord) -> dict[str, Any]:
+    """``record`` as JSON values (uuids as strings, times as ISO 8601 with their offset)."""
+    wire: dict[str, Any] = {}
+    for name in _RECORD_FIELDS:
+        value = getattr(record, name)
+        if isinstance(value, uuid.UUID):
+            value = str(value)
+        elif isinstance(value, datetime):
+            value = value.isoformat()
+        elif isinstance(value, StrEnum):
+            value = value.value
+        elif isinstance(value, Timings):
+            value = {t: getattr(value, t) for t in _TIMINGS_FIELDS}
+        wire[name] = value
+    return wire
+
+
+def record_from_wire(wire: dict[str, Any]) -> RequestRecord:
+    """The record :func:`record_wire` was made from."""
+    values = dict(wire)
+    for name in ("id", "batch_id"):
+        if values[name] is not None:
+            values[name] = uuid.UUID(values[name])
+    for name in ("created_at", "deadline", "finished_at"):
+        if values[name] is not None:
+            values[name] = datetime.fromisoformat(values[name])
+    values["lane"] = Lane(values["lane"])
+    values["state"] = RequestState(values["state"])
+    if values["timings"] is not None:
+        values["timings"] = Timings(**values["timings"])
+    return RequestRecord(**values)
+
+
 @dataclass(frozen=True, slots=True)
 class StateChange:
-    """Published after commit whenever requests change state, to wake long-polls."""
+    """Published after commit whenever requests change state, to wake long-polls.
+
+    ``records``: where the writer read them back in the same statement, the requests as they
+    are now (a batch's results), so a long-poll answers from the notification without reading
+    them again; a hint like the rest, never the only copy. A change decoded from the wire
+    holds them as they came (``carried``): every subscriber decodes every change, and only
+    one with a waiter makes the records it needs (:meth:`records_for`)."""
 
     request_ids: tuple[str, ...]
     state: RequestState
     batch_id: str | None = None
     model: str | None = None
+    records: tuple[RequestRecord, ...] = ()
+    carried: tuple[dict[str, Any], ...] = field(default=(), compare=False, repr=False)
 
     def encode(self) -> dict[str, Any]:
-        return {
+        encoded: dict[str, Any] = {
             "type": "state",
             "ids": list(self.request_ids),
             "state": self.state.value,
             "batch_id": self.batch_id,
             "model": self.model,
         }
+        if self.records or self.carried:
+            encoded["records"] = [record_wire(r) for r in self.records] or list(self.carried)
+        return encoded
+
+    def records_for(self, request_ids: Iterable[str]) -> dict[str, RequestRecord]:
+        """The records this change carries of ``request_ids``, by id."""
+        wanted = set(request_ids)
+        found = {str(r.id): r for r in self.records if str(r.id) in wanted}
+        for wire in self.carried:
+            if wire["id"] in wanted:
+                found[wire["id"]] = record_from_wire(wire)
+        return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -438,4 +495,5 @@ def decode_event(body: bytes | str) -> Event:
         state=RequestState(data["state"]),
         batch_id=data.get("batch_id"),
         model=data.get("model"),
+        carried=tuple(data.get("records", ())),
     )

@@ -1,7 +1,8 @@
 """Change notifications: Redis pub/sub between processes, or in memory for the embedded mode.
 
-Notifications are hints, never the record: a subscriber that misses one (Redis restarting)
-reads Postgres instead, and ``healthy`` tells it when it must.
+Notifications are hints, never the only copy: a subscriber that misses one (Redis restarting)
+reads Postgres instead, and ``healthy`` tells it when it must. A batch's results notification
+carries its requests as committed, so a waiting long-poll answers from it without a read.
 """
 
 from __future__ import annotations

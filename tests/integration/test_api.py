@@ -14,6 +14,8 @@ from fastapi import FastAPI
 
 from batchserve.core.settings import Settings
 from batchserve.core.store import JobStore, advisory_key
+from batchserve.core.store.batches import NOTIFIED_OUTPUT_MAX_CHARS
+from tests.support.batches import complete
 
 
 def store_of(app: FastAPI) -> JobStore:
@@ -162,6 +164,47 @@ async def test_long_poll_returns_when_a_notification_arrives(
     response = await poll
     assert response.json()["status"] == "cancelled"
     assert time.monotonic() - started < 5
+
+
+async def wait_for_rows(app: FastAPI, count: int) -> list[str]:
+    """The ids of the first ``count`` queued requests, once they are stored."""
+    for _ in range(250):
+        page = await store_of(app).list_requests("tests", limit=10)
+        if len(page) >= count:
+            return [str(r.id) for r in page]
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{count} requests never stored")
+
+
+@pytest.mark.parametrize("output", ["short", "x" * NOTIFIED_OUTPUT_MAX_CHARS])
+async def test_a_waiting_caller_is_answered_from_the_results_notification(
+    client: httpx.AsyncClient, app: FastAPI, monkeypatch: pytest.MonkeyPatch, output: str
+) -> None:
+    """A long-poll and a synchronous call, both waiting, get their results from the batch's
+    notification (Redis) without reading Postgres again; a batch whose output is too large to
+    carry makes each read its own."""
+    submitted = (await client.post("/v1/requests", json=body())).json()["id"]
+    poll = asyncio.create_task(client.get(f"/v1/requests/{submitted}", params={"wait": 20}))
+    chat = {"model": "echo-100ms", "messages": [{"role": "user", "content": "hi"}]}
+    call = asyncio.create_task(client.post("/v1/chat/completions", json=chat))
+    ids = await wait_for_rows(app, 2)
+    await asyncio.sleep(0.3)  # both are waiting, past their reads
+    assert not poll.done() and not call.done()
+    store, reads = store_of(app), []
+    read = store.get
+
+    async def counted(request_id: uuid.UUID, tenant: str | None = None) -> Any:
+        reads.append(request_id)
+        return await read(request_id, tenant)
+
+    monkeypatch.setattr(store, "get", counted)
+    await complete(store, ids, output=output)
+    polled, answered = await poll, await call
+    assert polled.status_code == 200 and answered.status_code == 200, answered.text
+    assert polled.json()["status"] == "succeeded" and polled.json()["output"]["text"] == output
+    assert answered.json()["choices"][0]["message"]["content"] == output
+    assert len(reads) == (0 if output == "short" else 2)
+    assert NOTIFIED_OUTPUT_MAX_CHARS == 64 * 1024  # the README's "up to 64 Ki characters"
 
 
 async def test_long_poll_times_out_with_the_current_state(client: httpx.AsyncClient) -> None:

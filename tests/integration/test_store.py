@@ -21,8 +21,11 @@ from batchserve.core.domain import (
     ItemResult,
     Lane,
     RequestState,
+    StateChange,
     SubmitCommand,
     Timings,
+    decode_event,
+    encode_event,
     from_epoch,
     utcnow,
 )
@@ -37,6 +40,7 @@ from batchserve.core.store import (
     Reaped,
     advisory_key,
 )
+from batchserve.core.store.batches import NOTIFIED_OUTPUT_MAX_CHARS
 from batchserve.core.tables import jobs_table, requests_table
 
 S = RequestState
@@ -318,6 +322,63 @@ async def test_the_statement_pool_writes_results_as_the_engine_does(database_url
         assert dataclasses.replace(pool_records[0], output=None) == dataclasses.replace(
             engine_records[0], output=None
         )
+    finally:
+        await statements.close()
+        await engine.dispose()
+
+
+async def test_the_results_notification_carries_each_request_as_a_read_finds_it(
+    database_url: str,
+) -> None:
+    """Through the statements pool a batch's results statement returns its members' rows, and
+    the terminal notifications carry them (the long-polls answer from them, no read): equal
+    to what a read returns, and on the wire too. A batch with more output than one
+    notification carries goes without: each waiter reads its own."""
+    engine = create_engine(database_url, pool_size=2)
+    statements = Statements(database_url, size=2)
+    heard: list[StateChange] = []
+
+    async def on_change(change: StateChange) -> None:
+        heard.append(change)
+
+    store = JobStore(engine, statements=statements, on_change=on_change)
+
+    async def complete(outcomes: list[ItemOutcome], ids: list[str]) -> None:
+        batch_id, now = await claim(store, ids), time.time()
+        start = await store.start_batch(batch_id, "w1", now, 2.0)
+        assert start is not None and not isinstance(start, Reaped)
+        heard.clear()
+        done = await store.complete_batch(
+            batch_id, attempt=1, outcomes=outcomes, now=now, model_ms=100.0
+        )
+        assert done == Reaped()
+
+    try:
+        hooked = dataclasses.replace(
+            command("b"), webhook_url="https://example.com/h", metadata={"k": "v"}
+        )
+        ids = await submit(store, command("a"), hooked)
+        failed = ItemResult(request_id=ids[1], error_code="model_error", error_message="boom")
+        await complete([ok(ids[0], "answer"), ItemOutcome(failed, TIMINGS)], ids)
+        by_state = {change.state: change for change in heard}
+        assert set(by_state) == {S.SUCCEEDED, S.FAILED}
+        for change in heard:
+            assert [str(r.id) for r in change.records] == list(change.request_ids)
+            decoded = decode_event(encode_event(change))
+            assert isinstance(decoded, StateChange)
+            assert decoded.records_for(change.request_ids) == dict(
+                zip(change.request_ids, change.records, strict=True)
+            )
+            for record in change.records:
+                assert record == await store.get(record.id)
+        assert by_state[S.SUCCEEDED].records[0].output == "answer"
+        assert by_state[S.FAILED].records[0].metadata == {"k": "v"}
+
+        ids = await submit(store, command("c"), command("d"))
+        long = "x" * (NOTIFIED_OUTPUT_MAX_CHARS // 2 + 1)
+        await complete([ok(i, long) for i in ids], ids)
+        assert [(c.state, c.records) for c in heard] == [(S.SUCCEEDED, ())]
+        assert set(heard[0].request_ids) == set(ids)
     finally:
         await statements.close()
         await engine.dispose()

@@ -14,12 +14,13 @@ import pytest
 from sqlalchemy import select
 
 from batchserve.core.db import create_engine
-from batchserve.core.domain import DeliveryStatus, ItemResult, Lane, SubmitCommand, Timings, utcnow
+from batchserve.core.domain import DeliveryStatus, Lane, SubmitCommand, utcnow
 from batchserve.core.ids import uuid7
 from batchserve.core.migrate import upgrade
-from batchserve.core.store import Admission, BatchStart, ItemOutcome, JobStore
+from batchserve.core.store import Admission, JobStore
 from batchserve.core.tables import deliveries_table
 from batchserve.core.webhook_policy import AttemptOutcome, RetryDecision, Verdict
+from tests.support.batches import complete
 
 URL = "https://hooks.example.com/batchserve"
 TENANT = "t1"
@@ -58,27 +59,6 @@ def command(webhook_url: str | None = URL, timeout_s: float = 600) -> SubmitComm
 async def submit(store: JobStore, *commands: SubmitCommand) -> list[str]:
     outcomes = await store.submit(list(commands))
     return [str(o.record.id) for o in outcomes if isinstance(o, Admission)]
-
-
-async def complete(store: JobStore, ids: list[str], now: float) -> None:
-    batch_id = uuid7()
-    await store.claim_batch(
-        batch_id=batch_id,
-        model="echo-100ms",
-        request_ids=ids,
-        now=now,
-        estimated_s=0.1,
-        lease_until=now + 5,
-    )
-    start = await store.start_batch(batch_id, "w", now, 5.0)
-    assert isinstance(start, BatchStart)
-    outcomes = [
-        ItemOutcome(ItemResult(request_id=i, output="out"), Timings(1.0, 1.0, 1.0, 3.0))
-        for i in ids
-    ]
-    await store.complete_batch(
-        batch_id, attempt=start.attempt, outcomes=outcomes, now=now, model_ms=1.0
-    )
 
 
 async def deliveries(store: JobStore) -> list[dict[str, object]]:

@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
-from batchserve.core.domain import BatchClosed, Event, JobChanged, RequestState, StateChange
+import dataclasses
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from batchserve.core.domain import (
+    BatchClosed,
+    Event,
+    JobChanged,
+    Lane,
+    RequestRecord,
+    RequestState,
+    StateChange,
+    Timings,
+    decode_event,
+    encode_event,
+)
 from batchserve.core.events import JOBS, REQUESTS, MemoryEventBus
 
 
@@ -25,3 +43,58 @@ async def test_each_subscriber_hears_only_its_topics() -> None:
     await subscription.close()
     await bus.publish(job)
     assert both == [state, closed, job]
+
+
+def full_record(**changes: Any) -> RequestRecord:
+    """A record with every field set (a field added to RequestRecord must be set here too:
+    the round trip below is what keeps the notification's copy whole)."""
+    record = RequestRecord(
+        id=uuid.uuid4(),
+        tenant="t1",
+        model="echo-100ms",
+        lane=Lane.BULK,
+        state=RequestState.SUCCEEDED,
+        created_at=datetime(2026, 12, 5, 5, 0, 0, 123456, tzinfo=UTC),
+        deadline=datetime(2026, 12, 5, 5, 10, tzinfo=UTC),
+        attempts=2,
+        batch_id=uuid.uuid4(),
+        finished_at=datetime(2026, 12, 5, 5, 0, 1, 654321, tzinfo=UTC),
+        output="héllo \u2603 \\n",
+        finish_reason="stop",
+        error_code="model_error",
+        error_message="boom",
+        prompt_tokens=3,
+        completion_tokens=4,
+        timings=Timings(1.5, 2.5, 100.25, 104.25, ttft_ms=103.0),
+        metadata={"k": "v"},
+        idempotency_key="key-1",
+        fingerprint="fp",
+        webhook_url="https://example.com/h",
+    )
+    unset = [f.name for f in dataclasses.fields(record) if getattr(record, f.name) is None]
+    assert not unset, f"set {unset} in full_record"
+    return dataclasses.replace(record, **changes)
+
+
+def test_a_state_change_carries_its_records_across_the_wire_whole() -> None:
+    full = full_record()
+    sparse = full_record(
+        batch_id=None, finished_at=None, output=None, timings=None, metadata=None, attempts=0
+    )
+    change = StateChange(
+        (str(full.id), str(sparse.id)), RequestState.SUCCEEDED, "b1", "m", (full, sparse)
+    )
+    decoded = decode_event(encode_event(change))
+    assert isinstance(decoded, StateChange)
+    assert dataclasses.replace(decoded, records=change.records) == change
+    ids = [str(full.id), str(sparse.id)]
+    assert (
+        decoded.records_for(ids)
+        == change.records_for(ids)
+        == dict(zip(ids, change.records, strict=True))
+    )
+    assert decoded.records_for([str(full.id), "other"]) == {str(full.id): full}
+    assert encode_event(decoded) == encode_event(change)  # passed on as it came
+    plain = StateChange(("r1",), RequestState.RUNNING, "b1")
+    assert "records" not in orjson.loads(encode_event(plain))
+    assert decode_event(encode_event(plain)) == plain

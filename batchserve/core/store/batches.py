@@ -17,13 +17,21 @@ from batchserve.core.domain import (
     DeliveryStatus,
     ErrorCode,
     ItemResult,
+    RequestRecord,
     Timings,
     from_epoch,
 )
 from batchserve.core.lifecycle import Cause
 from batchserve.core.metrics import metrics
-from batchserve.core.records import MESSAGE_COLUMNS, pg_type, row_message
+from batchserve.core.records import (
+    MESSAGE_COLUMNS,
+    RECORD_COLUMNS,
+    pg_type,
+    row_message,
+    row_record,
+)
 from batchserve.core.store.base import (
+    LOG_CHUNK,
     BatchStart,
     ClaimedRequest,
     Ended,
@@ -315,12 +323,23 @@ class BatchVerbs(StoreBase):
         found = await self.statements.fetchall(_COMPLETE_PG, params)
         if not found:
             return None
-        by_state: dict[S, list[str]] = {state: [] for state in _RESULT_STATES}
+        by_state: dict[S, list[RequestRecord]] = {state: [] for state in _RESULT_STATES}
         for row in found:
             if row["id"] is not None:  # the batch closed with no member still running
-                by_state[S(row["state"])].append(str(row["id"]))
-        for state, ids in by_state.items():
-            await self._notify(Ended(state=state, ids=tuple(ids)), batch_id=str(batch_id))
+                record = row_record(row)
+                by_state[record.state].append(record)
+        for state, ended in by_state.items():
+            for first in range(0, len(ended), LOG_CHUNK):
+                records = ended[first : first + LOG_CHUNK]
+                # The results ride on the notification (the long-polls answer from it) unless
+                # they are large: then each waiter reads its own.
+                carried = sum(len(r.output or "") + len(r.error_message or "") for r in records)
+                await self._emit(
+                    state,
+                    (str(r.id) for r in records),
+                    batch_id=str(batch_id),
+                    records=tuple(records) if carried <= NOTIFIED_OUTPUT_MAX_CHARS else (),
+                )
         return Reaped()
 
     async def complete_items(
@@ -670,6 +689,9 @@ class BatchVerbs(StoreBase):
 
 
 _RESULT_STATES = lifecycle.targets(Cause.RESULT)
+# Results carried on one notification, in characters of output and error messages: a larger
+# batch's waiters each read their own (every subscriber decodes every notification).
+NOTIFIED_OUTPUT_MAX_CHARS = 64 * 1024
 # A result's columns: an ItemResult's fields and its Timings' are named as their columns.
 _ITEM_FIELDS = tuple(f.name for f in fields(ItemResult) if f.name != "request_id")
 _TIMING_FIELDS = tuple(f.name for f in fields(Timings))
@@ -767,7 +789,7 @@ _COMPLETE_PG = (
     + " FROM v WHERE r.id = v.id AND r.batch_id = %(batch_id)s AND r.state IN ("
     + _RESULT_SOURCES
     + ") AND EXISTS (SELECT 1 FROM closed)"
-    " RETURNING r.id, r.state, r.tenant, r.webhook_url, v.delivery),"
+    " RETURNING " + ", ".join(f"r.{column.name}" for column in RECORD_COLUMNS) + ", v.delivery),"
     " logged AS (INSERT INTO request_events (request_id, state, batch_id, at)"
     " SELECT id, state, %(batch_id)s, %(now)s FROM written),"
     " queued AS (INSERT INTO webhook_deliveries (id, request_id, tenant, url, event_type,"
@@ -775,7 +797,7 @@ _COMPLETE_PG = (
     " SELECT delivery, id, tenant, webhook_url, 'request.' || state, '"
     + DeliveryStatus.PENDING.value
     + "', 0, 0, %(now)s, %(now)s FROM written WHERE webhook_url IS NOT NULL)"
-    " SELECT written.id, written.state FROM closed LEFT JOIN written ON true"
+    " SELECT written.* FROM closed LEFT JOIN written ON true"
 )
 
 
