@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from md_table import table
 
 from batchserve.core.broker import INTERACTIVE_PACK
-from batchserve.core.store.batches import NOTIFIED_OUTPUT_MAX_CHARS
+from batchserve.core.store.base import NOTIFIED_OUTPUT_MAX_CHARS
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 GOAL_RATES = (30.0, 100.0)
@@ -872,14 +872,17 @@ NOTIFY = """
 ### A waiting caller is answered from the results' notification
 
 A long-poll, and a synchronous call, woke on its request's end and read the request from
-Postgres to answer. The statement that writes a batch's results now returns its members' rows
-(`_COMPLETE_PG`, `RETURNING`), and the terminal notification on Redis carries them, up to
-{max_chars} characters of output and error messages a notification (a larger batch's waiters
-each read their own). A waiting caller answers from it, as committed, with no read; a
-subscriber with no waiter for those requests (the batcher, workers) does not make records of
-them. Tests: `test_a_waiting_caller_is_answered_from_the_results_notification` (no read, and
-the large batch's reads), `test_the_results_notification_carries_each_request_as_a_read_finds_it`
-(every carried record equal to a read, across the wire), `tests/unit/test_events.py`.
+Postgres to answer. On Postgres the statements that write results now return their requests'
+rows (`RETURNING`: a batch's results in one statement, `_COMPLETE_PG`; through a transaction,
+and an engine model's sequences as each finishes, `_WRITE_OUTCOMES_PG`), and the terminal
+notification on Redis carries them, up to {max_chars} characters of output and error messages
+a notification (a larger change's waiters each read their own). A waiting caller answers from
+it, as committed, with no read; a subscriber with no waiter for those requests (the batcher,
+workers) does not make records of them. Tests:
+`test_a_waiting_caller_is_answered_from_the_results_notification` (no read, and the large
+batch's reads), `test_the_results_notification_carries_each_request_as_a_read_finds_it` (all
+three paths: every carried record equal to a read, across the wire), `tests/unit/test_events.py`.
+The runs below are of the fixed model: its batches' results take the one statement.
 
 Four alternating runs of the frontdoor command at 30, 100, 200 and 300/s, the landed main
 (385d773: the caller reads) and this change, on this section's machine

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from batchserve.core.settings import Settings
 from batchserve.core.store import JobStore, advisory_key
-from batchserve.core.store.batches import NOTIFIED_OUTPUT_MAX_CHARS
+from batchserve.core.store.base import NOTIFIED_OUTPUT_MAX_CHARS
 from tests.support.batches import complete
 
 

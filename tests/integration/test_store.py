@@ -40,7 +40,7 @@ from batchserve.core.store import (
     Reaped,
     advisory_key,
 )
-from batchserve.core.store.batches import NOTIFIED_OUTPUT_MAX_CHARS
+from batchserve.core.store.base import NOTIFIED_OUTPUT_MAX_CHARS
 from batchserve.core.tables import jobs_table, requests_table
 
 S = RequestState
@@ -327,15 +327,18 @@ async def test_the_statement_pool_writes_results_as_the_engine_does(database_url
         await engine.dispose()
 
 
+@pytest.mark.parametrize("path", ["one statement", "transaction", "early members"])
 async def test_the_results_notification_carries_each_request_as_a_read_finds_it(
-    database_url: str,
+    database_url: str, path: str
 ) -> None:
-    """Through the statements pool a batch's results statement returns its members' rows, and
-    the terminal notifications carry them (the long-polls answer from them, no read): equal
-    to what a read returns, and on the wire too. A batch with more output than one
+    """On Postgres the statement that writes results returns its requests' rows, and the
+    terminal notifications carry them (the long-polls answer from them, no read): equal to
+    what a read returns, and on the wire too. So do a batch's results through the statements
+    pool (one statement), through the engine (a transaction), and an engine model's sequences
+    finishing before the rest of their batch. A change with more output than one
     notification carries goes without: each waiter reads its own."""
     engine = create_engine(database_url, pool_size=2)
-    statements = Statements(database_url, size=2)
+    statements = Statements(database_url, size=2) if path == "one statement" else None
     heard: list[StateChange] = []
 
     async def on_change(change: StateChange) -> None:
@@ -348,10 +351,14 @@ async def test_the_results_notification_carries_each_request_as_a_read_finds_it(
         start = await store.start_batch(batch_id, "w1", now, 2.0)
         assert start is not None and not isinstance(start, Reaped)
         heard.clear()
+        if path == "early members":
+            written = await store.complete_items(batch_id, attempt=1, outcomes=outcomes, now=now)
+            assert written is not None and set(written) == set(ids)
+            return
         done = await store.complete_batch(
             batch_id, attempt=1, outcomes=outcomes, now=now, model_ms=100.0
         )
-        assert done == Reaped()
+        assert done is not None
 
     try:
         hooked = dataclasses.replace(
@@ -360,9 +367,9 @@ async def test_the_results_notification_carries_each_request_as_a_read_finds_it(
         ids = await submit(store, command("a"), hooked)
         failed = ItemResult(request_id=ids[1], error_code="model_error", error_message="boom")
         await complete([ok(ids[0], "answer"), ItemOutcome(failed, TIMINGS)], ids)
-        by_state = {change.state: change for change in heard}
+        by_state = {change.state: change for change in heard if change.state.terminal}
         assert set(by_state) == {S.SUCCEEDED, S.FAILED}
-        for change in heard:
+        for change in by_state.values():
             assert [str(r.id) for r in change.records] == list(change.request_ids)
             decoded = decode_event(encode_event(change))
             assert isinstance(decoded, StateChange)
@@ -377,10 +384,12 @@ async def test_the_results_notification_carries_each_request_as_a_read_finds_it(
         ids = await submit(store, command("c"), command("d"))
         long = "x" * (NOTIFIED_OUTPUT_MAX_CHARS // 2 + 1)
         await complete([ok(i, long) for i in ids], ids)
-        assert [(c.state, c.records) for c in heard] == [(S.SUCCEEDED, ())]
-        assert set(heard[0].request_ids) == set(ids)
+        ended = [c for c in heard if c.state.terminal]
+        assert [(c.state, c.records) for c in ended] == [(S.SUCCEEDED, ())]
+        assert set(ended[0].request_ids) == set(ids)
     finally:
-        await statements.close()
+        if statements is not None:
+            await statements.close()
         await engine.dispose()
 
 

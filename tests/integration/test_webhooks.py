@@ -220,7 +220,9 @@ async def test_failed_attempts_are_retried_on_the_schedule_under_one_id(
     for attempt in attempts:
         assert verify(secret, attempt)["type"] == "request.cancelled"
         stamp = int(attempt.headers["webhook-timestamp"])
-        assert attempt.wall - 1 <= stamp <= attempt.wall + 1  # fresh on every attempt
+        # Fresh on every attempt: whole seconds, truncated when the attempt is signed (up to
+        # 1 s before its send), and up to a second of a busy machine between send and receipt.
+        assert attempt.wall - 2 < stamp <= attempt.wall + 1
     # Schedule 0.6 s then 1.2 s, +-10 % jitter; generous for a busy 2-core machine.
     first_gap = attempts[1].monotonic - attempts[0].monotonic
     second_gap = attempts[2].monotonic - attempts[1].monotonic

@@ -40,6 +40,9 @@ OnChange = Callable[[StateChange], Awaitable[None]]
 S = RequestState
 log = get_logger("batchserve.store")
 LOG_CHUNK = 1000  # ids per request_events/outbox statement and per reported change
+# Records carried on one notification, in characters of output and error messages: a larger
+# change's waiters each read their own (every subscriber decodes every notification).
+NOTIFIED_OUTPUT_MAX_CHARS = 64 * 1024
 _HAS_WEBHOOK = requests_t.c.webhook_url.is_not(None).label("has_webhook")
 
 
@@ -105,11 +108,14 @@ class Reaped:
 
 @dataclass(frozen=True, slots=True)
 class Ended:
-    """Requests a transaction ended, to report once it commits; ``rows``: what was read back."""
+    """Requests a transaction ended, to report once it commits; ``rows``: what was read back;
+    ``records``: where the statement read them back whole, the requests as they now are, in
+    the order of ``ids`` (the notification carries them to the waiters)."""
 
     state: RequestState
     ids: tuple[str, ...]
     rows: tuple[Any, ...] = ()
+    records: tuple[RequestRecord, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,9 +242,17 @@ class StoreBase:
         return Ended(state=state, ids=tuple(i for i, _ in written))
 
     async def _notify(self, ended: Ended, **fields: Any) -> None:
-        """Report requests a committed transaction ended, ``LOG_CHUNK`` ids per change."""
+        """Report requests a committed transaction ended, ``LOG_CHUNK`` ids per change, with
+        their records where it has them and they are not too large to carry."""
         for first in range(0, len(ended.ids), LOG_CHUNK):
-            await self._emit(ended.state, ended.ids[first : first + LOG_CHUNK], **fields)
+            records = ended.records[first : first + LOG_CHUNK]
+            carried = sum(len(r.output or "") + len(r.error_message or "") for r in records)
+            await self._emit(
+                ended.state,
+                ended.ids[first : first + LOG_CHUNK],
+                records=records if carried <= NOTIFIED_OUTPUT_MAX_CHARS else (),
+                **fields,
+            )
 
     async def _emit(self, state: RequestState, ids: Iterable[str], **fields: Any) -> None:
         ids = tuple(ids)

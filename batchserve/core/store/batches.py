@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
@@ -31,7 +32,6 @@ from batchserve.core.records import (
     row_record,
 )
 from batchserve.core.store.base import (
-    LOG_CHUNK,
     BatchStart,
     ClaimedRequest,
     Ended,
@@ -328,18 +328,10 @@ class BatchVerbs(StoreBase):
             if row["id"] is not None:  # the batch closed with no member still running
                 record = row_record(row)
                 by_state[record.state].append(record)
-        for state, ended in by_state.items():
-            for first in range(0, len(ended), LOG_CHUNK):
-                records = ended[first : first + LOG_CHUNK]
-                # The results ride on the notification (the long-polls answer from it) unless
-                # they are large: then each waiter reads its own.
-                carried = sum(len(r.output or "") + len(r.error_message or "") for r in records)
-                await self._emit(
-                    state,
-                    (str(r.id) for r in records),
-                    batch_id=str(batch_id),
-                    records=tuple(records) if carried <= NOTIFIED_OUTPUT_MAX_CHARS else (),
-                )
+        for state, records in by_state.items():
+            ids = tuple(str(r.id) for r in records)
+            ended = Ended(state=state, ids=ids, records=tuple(records))
+            await self._notify(ended, batch_id=str(batch_id))
         return Reaped()
 
     async def complete_items(
@@ -555,12 +547,18 @@ class BatchVerbs(StoreBase):
         else:
             written = await self._write_outcomes_each(conn, batch_id, outcomes, live or {}, now_dt)
         by_state: dict[S, list[tuple[str, bool]]] = {state: [] for state in _RESULT_STATES}
-        for request_id, state, has_webhook in written:
+        records: dict[S, list[RequestRecord]] = {state: [] for state in _RESULT_STATES}
+        for request_id, state, has_webhook, record in written:
             by_state[S(state)].append((request_id, has_webhook))
-        return [
-            await self._log_ended(conn, state, rows, now, batch_id)
-            for state, rows in by_state.items()
-        ]
+            if record is not None:
+                records[S(state)].append(record)
+        ended = []
+        for state, rows in by_state.items():
+            logged = await self._log_ended(conn, state, rows, now, batch_id)
+            if len(records[state]) == len(logged.ids):  # read back whole (Postgres)
+                logged = dataclasses.replace(logged, records=tuple(records[state]))
+            ended.append(logged)
+        return ended
 
     async def _write_outcomes_pg(
         self,
@@ -568,9 +566,10 @@ class BatchVerbs(StoreBase):
         batch_id: uuid.UUID,
         outcomes: Sequence[ItemOutcome],
         now_dt: Any,
-    ) -> list[tuple[str, str, bool]]:
+    ) -> list[tuple[str, str, bool, RequestRecord | None]]:
         """One ``UPDATE ... FROM unnest(arrays) RETURNING``: a round trip for the whole batch,
-        and the same SQL text whatever its size, so Postgres prepares it once."""
+        and the same SQL text whatever its size, so Postgres prepares it once. Each written
+        request comes back whole, for its notification."""
         if not outcomes:
             return []
         rows = [result_row(o, now_dt) for o in outcomes]
@@ -578,8 +577,10 @@ class BatchVerbs(StoreBase):
             name: [r[f"b_{name}"] for r in rows] for name, _ in _UNNEST_COLUMNS
         }
         params["batch_id"] = batch_id
-        result = await conn.execute(_WRITE_OUTCOMES_PG, params)
-        return [(str(r[0]), r[1], bool(r[2])) for r in result]
+        result = (await conn.execute(_WRITE_OUTCOMES_PG, params)).mappings()
+        return [
+            (str(r["id"]), r["state"], r["webhook_url"] is not None, row_record(r)) for r in result
+        ]
 
     async def _write_outcomes_each(
         self,
@@ -588,7 +589,7 @@ class BatchVerbs(StoreBase):
         outcomes: Sequence[ItemOutcome],
         live: Mapping[str, Any],
         now_dt: Any,
-    ) -> list[tuple[str, str, bool]]:
+    ) -> list[tuple[str, str, bool, RequestRecord | None]]:
         rows = [result_row(o, now_dt) for o in outcomes if o.result.request_id in live]
         if rows:
             await conn.execute(
@@ -598,7 +599,7 @@ class BatchVerbs(StoreBase):
                 rows,
             )
         # Without RETURNING we don't know who has a webhook: the outbox query finds out.
-        return [(str(r["b_id"]), r["b_state"], True) for r in rows]
+        return [(str(r["b_id"]), r["b_state"], True, None) for r in rows]
 
     async def _lock_running(
         self, conn: AsyncConnection, batch_id: uuid.UUID, only: Sequence[str] | None = None
@@ -689,9 +690,6 @@ class BatchVerbs(StoreBase):
 
 
 _RESULT_STATES = lifecycle.targets(Cause.RESULT)
-# Results carried on one notification, in characters of output and error messages: a larger
-# batch's waiters each read their own (every subscriber decodes every notification).
-NOTIFIED_OUTPUT_MAX_CHARS = 64 * 1024
 # A result's columns: an ItemResult's fields and its Timings' are named as their columns.
 _ITEM_FIELDS = tuple(f.name for f in fields(ItemResult) if f.name != "request_id")
 _TIMING_FIELDS = tuple(f.name for f in fields(Timings))
@@ -724,7 +722,7 @@ _WRITE_OUTCOMES_PG = text(
     + ") WHERE r.id = v.id AND r.batch_id = :batch_id AND r.state IN ("
     + _RESULT_SOURCES
     + ")"
-    " RETURNING r.id, r.state, r.webhook_url IS NOT NULL"
+    " RETURNING " + ", ".join(f"r.{column.name}" for column in RECORD_COLUMNS)
 )
 
 
