@@ -123,7 +123,7 @@ def _columns(value: type[Any], renamed: Mapping[str, str], skip: str = "") -> li
 
 
 _COMMAND_FIELDS = [
-    (f.name, column.name)
+    (f.name, str(column.name))  # plain str: rows go to JSON, whose keys must be str
     for f, column in zip(
         fields(SubmitCommand), _columns(SubmitCommand, _COMMAND_RENAMED), strict=True
     )

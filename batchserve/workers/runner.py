@@ -368,15 +368,19 @@ class OpenBatch:
                 return
             assert output is not None
             annotate(attempt=start.attempt)
-            await runner.announce(message, BatchOutcome.SUCCEEDED, self.worker, early_s)
-            await runner.store_results(
-                message,
-                start,
-                output,
-                self.model_started,
-                finished,
-                self.early.written,
-                self.early.streamed,
+            # The results' write does not wait for the announcement's round trip to Redis
+            # (which never raises: ``EventBus.publish`` is best effort).
+            await asyncio.gather(
+                runner.announce(message, BatchOutcome.SUCCEEDED, self.worker, early_s),
+                runner.store_results(
+                    message,
+                    start,
+                    output,
+                    self.model_started,
+                    finished,
+                    self.early.written,
+                    self.early.streamed,
+                ),
             )
         finally:
             self._holding.cancel()

@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import insert, text, update
+from sqlalchemy import insert, select, text, update
 
 from batchserve.core.db import Statements, create_engine
 from batchserve.core.domain import (
@@ -32,6 +32,7 @@ from batchserve.core.domain import (
 from batchserve.core.errors import IdempotencyConflict, IdempotencyInProgress, InvalidTransition
 from batchserve.core.ids import uuid7
 from batchserve.core.migrate import upgrade
+from batchserve.core.records import COMMAND_COLUMNS, aware, command_row
 from batchserve.core.store import (
     Admission,
     ClaimedRequest,
@@ -137,6 +138,61 @@ async def test_submit_then_read_and_list(store: JobStore) -> None:
     assert [str(r.id) for r in first] == [ids[2], ids[1]]
     rest = await store.list_requests("t1", limit=2, before=first[-1].id)
     assert [str(r.id) for r in rest] == [ids[0]]
+
+
+def awkward(name: str, *, key: str | None = None) -> SubmitCommand:
+    """A command whose every column holds something a careless encoding would change."""
+    base = command(name, key=key)
+    return dataclasses.replace(
+        base,
+        input=f'{name}: "quoted" \\ back\\slash {{braces}} [1,2] tab\there\nnew line 😀 é \u2028',
+        params={
+            "max_tokens": 16,
+            "temperature": 0.1,
+            "top_p": 1e-07,
+            "seed": 2**53 - 1,
+            "stop": ["\n", '"', "\\"],
+            "nested": {"null": None, "list": [1.5, -0.0, True]},
+        },
+        metadata={"key with space": 'v"al\\ue', "ünï": "😀"},
+        webhook_url="https://example.com/h?a=1&b=%20",
+        created_at=base.created_at.replace(microsecond=123_456),
+        deadline=base.deadline.replace(microsecond=999_999),
+        prompt_tokens=2**31 - 1,
+        custom_id="line-1 'x'",
+        job_line=7,
+        fingerprint="f" * 64,
+    )
+
+
+async def test_admission_stores_every_field_as_given(store: JobStore) -> None:
+    """One command and a group, with and without Idempotency-Keys: what a read finds is the
+    record admission answered with, field for field (the rows travel as one JSON document)."""
+    chat = dataclasses.replace(
+        awkward("chat"), input=None, messages=[{"role": "user", "content": 'a "b" \\ c'}]
+    )
+    groups = [
+        [awkward("one")],
+        [awkward("a"), chat, awkward("c")],
+        [awkward("keyed", key="k-1"), awkward("plain")],
+    ]
+    for group in groups:
+        outcomes = await store.submit(group)
+        assert len(outcomes) == len(group)
+        for sent, outcome in zip(group, outcomes, strict=True):
+            assert isinstance(outcome, Admission) and not outcome.replayed
+            assert await store.get(sent.id, "t1") == outcome.record
+            async with store.engine.connect() as conn:
+                result = await conn.execute(
+                    select(*[requests_table.c[name] for name in COMMAND_COLUMNS]).where(
+                        requests_table.c.id == sent.id
+                    )
+                )
+                stored = dict(result.one()._mapping)
+            for name, value in command_row(sent).items():
+                assert (
+                    aware(stored[name]) if name in ("created_at", "deadline") else stored[name]
+                ) == value, name
 
 
 async def test_the_statement_pool_writes_and_reads_what_the_engine_does(database_url: str) -> None:
@@ -387,6 +443,56 @@ async def test_the_results_notification_carries_each_request_as_a_read_finds_it(
         ended = [c for c in heard if c.state.terminal]
         assert [(c.state, c.records) for c in ended] == [(S.SUCCEEDED, ())]
         assert set(ended[0].request_ids) == set(ids)
+    finally:
+        if statements is not None:
+            await statements.close()
+        await engine.dispose()
+
+
+@pytest.mark.parametrize("path", ["one statement", "transaction", "early members"])
+async def test_results_are_stored_as_the_model_made_them(database_url: str, path: str) -> None:
+    """Outputs, errors, token counts and timings a careless encoding would change, written by
+    each of the three result statements (the rows travel as one JSON document): a read finds
+    each as it was given."""
+    engine = create_engine(database_url, pool_size=2)
+    statements = Statements(database_url, size=2) if path == "one statement" else None
+    store = JobStore(engine, statements=statements)
+    try:
+        ids = await submit(store, command("a"), command("b"), command("c"))
+        text_out = 'a "quoted" \\ back\\slash {x} [1] tab\there\nline 😀 é \u2028' * 50
+        timings = Timings(0.1, 1e-07, 100.123456789, 102.5, ttft_ms=0.30000000000000004)
+        given = [
+            ItemResult(ids[0], output=text_out, finish_reason="length", prompt_tokens=2**31 - 1),
+            ItemResult(ids[1], output="", finish_reason="stop", completion_tokens=0),
+            ItemResult(ids[2], error_code="model_error", error_message='it said "no" \\ 😀'),
+        ]
+        batch_id, now = await claim(store, ids), time.time()
+        start = await store.start_batch(batch_id, "w1", now, 2.0)
+        assert start is not None and not isinstance(start, Reaped)
+        outcomes = [ItemOutcome(result, timings) for result in given]
+        if path == "early members":
+            assert await store.complete_items(batch_id, attempt=1, outcomes=outcomes, now=now)
+        else:
+            done = await store.complete_batch(
+                batch_id, attempt=1, outcomes=outcomes, now=now, model_ms=100.0
+            )
+            assert done is not None
+        for result in given:
+            found = await store.get(uuid.UUID(result.request_id))
+            assert found is not None
+            assert found.state is (S.SUCCEEDED if result.ok else S.FAILED)
+            assert (found.output, found.finish_reason) == (result.output, result.finish_reason)
+            assert (found.error_code, found.error_message) == (
+                result.error_code,
+                result.error_message,
+            )
+            assert (found.prompt_tokens, found.completion_tokens) == (
+                result.prompt_tokens,
+                result.completion_tokens,
+            )
+            assert found.timings == timings
+            assert found.finished_at is not None
+            assert abs(found.finished_at.timestamp() - now) < 1e-5
     finally:
         if statements is not None:
             await statements.close()

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 from batchserve.core.domain import ItemResult, Lane, SubmitCommand, Timings
 from batchserve.core.records import JSON_COLUMNS, command_row
 from batchserve.core.store import ItemOutcome
-from batchserve.core.store.batches import _UNNEST_COLUMNS, RESULT_FIELDS, result_row
-from batchserve.core.store.requests import _UNNEST_INSERT_COLUMNS
+from batchserve.core.store.batches import _RESULT_COLUMNS, RESULT_FIELDS, result_row
+from batchserve.core.store.requests import _INSERT_COLUMNS
 from batchserve.core.tables import requests_table
 
 TIMINGS = Timings(1.0, 1.0, 100.0, 102.0, ttft_ms=101.0)
@@ -30,18 +30,18 @@ def test_admission_insert_writes_every_column_of_a_command_row() -> None:
         prompt_tokens=1,
         max_tokens=4,
     )
-    assert [name for name, _ in _UNNEST_INSERT_COLUMNS] == list(command_row(command))
+    assert [name for name, _ in _INSERT_COLUMNS] == list(command_row(command))
 
 
 def test_result_write_sets_every_column_of_a_result_row() -> None:
     outcome = ItemOutcome(ItemResult("00000000-0000-0000-0000-000000000001", output="x"), TIMINGS)
     row = result_row(outcome, datetime.now(UTC))
-    assert list(row) == [f"b_{name}" for name, _ in _UNNEST_COLUMNS]
-    assert [name for name, _ in _UNNEST_COLUMNS] == ["id", *RESULT_FIELDS]
+    assert list(row) == [f"b_{name}" for name, _ in _RESULT_COLUMNS]
+    assert [name for name, _ in _RESULT_COLUMNS] == ["id", *RESULT_FIELDS]
 
 
 def test_hand_written_statements_cast_to_the_types_of_the_table() -> None:
-    by_column = {name: kind for name, kind in _UNNEST_INSERT_COLUMNS + _UNNEST_COLUMNS}
+    by_column = {name: kind for name, kind in _INSERT_COLUMNS + _RESULT_COLUMNS}
     assert by_column["id"] == "uuid" and by_column["params"] == "jsonb"
     assert by_column["deadline"] == by_column["finished_at"] == "timestamptz"
     assert by_column["max_tokens"] == "int" and by_column["model_ms"] == "float8"

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any, NamedTuple
 
+import orjson
 from sqlalchemy import bindparam, case, func, insert, literal, select, text, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -311,15 +312,13 @@ class BatchVerbs(StoreBase):
         now_dt = from_epoch(now)
         rows = [result_row(o, now_dt) for o in outcomes]
         params: dict[str, Any] = {
-            name: [r[f"b_{name}"] for r in rows] for name, _ in _UNNEST_COLUMNS
+            "rows": results_document(rows, [new_delivery_id() for _ in rows]),
+            # the batch's own figures, apart from its members' columns
+            **{f"batch_{name}": value for name, value in closing.items()},
+            "batch_id": batch_id,
+            "attempt": attempt,
+            "now": now_dt,
         }
-        params.update(  # the batch's own figures, apart from its members' columns
-            {f"batch_{name}": value for name, value in closing.items()},
-            batch_id=batch_id,
-            attempt=attempt,
-            now=now_dt,
-        )
-        params["delivery"] = [new_delivery_id() for _ in rows]
         found = await self.statements.fetchall(_COMPLETE_PG, params)
         if not found:
             return None
@@ -567,16 +566,13 @@ class BatchVerbs(StoreBase):
         outcomes: Sequence[ItemOutcome],
         now_dt: Any,
     ) -> list[tuple[str, str, bool, RequestRecord | None]]:
-        """One ``UPDATE ... FROM unnest(arrays) RETURNING``: a round trip for the whole batch,
+        """One ``UPDATE ... FROM jsonb_to_recordset RETURNING``: a round trip for the whole batch,
         and the same SQL text whatever its size, so Postgres prepares it once. Each written
         request comes back whole, for its notification."""
         if not outcomes:
             return []
         rows = [result_row(o, now_dt) for o in outcomes]
-        params: dict[str, Any] = {
-            name: [r[f"b_{name}"] for r in rows] for name, _ in _UNNEST_COLUMNS
-        }
-        params["batch_id"] = batch_id
+        params = {"rows": results_document(rows), "batch_id": batch_id}
         result = (await conn.execute(_WRITE_OUTCOMES_PG, params)).mappings()
         return [
             (str(r["id"]), r["state"], r["webhook_url"] is not None, row_record(r)) for r in result
@@ -706,20 +702,37 @@ def result_row(outcome: ItemOutcome, now: Any) -> dict[str, Any]:
     return row
 
 
-_UNNEST_COLUMNS = [("id", pg_type(requests_t.c.id))] + [
+_RESULT_COLUMNS = [("id", pg_type(requests_t.c.id))] + [
     (name, pg_type(requests_t.c[name])) for name in RESULT_FIELDS
 ]
 _RESULT_SOURCES = ", ".join(
     f"'{state}'" for state in lifecycle.values(lifecycle.common_sources(Cause.RESULT))
 )
+
+
+def results_document(rows: Sequence[Mapping[str, Any]], deliveries: Sequence[str] = ()) -> str:
+    """The members' results (``result_row``s), and each one's webhook delivery id where given,
+    as the one JSON array the result statements read (``_results_from``): orjson writes it in
+    C where a parameter per column went through psycopg's Python array dumpers. A JSON
+    ``null`` is SQL ``NULL``; timestamps are RFC 3339 with their offset (a naive one is UTC)."""
+    document = [{name: row[f"b_{name}"] for name, _ in _RESULT_COLUMNS} for row in rows]
+    for entry, delivery in zip(document, deliveries, strict=False):
+        entry["delivery"] = delivery
+    return orjson.dumps(document, option=orjson.OPT_NAIVE_UTC).decode()
+
+
+def _results_from(rows_param: str, *extra: tuple[str, str]) -> str:
+    """The rows of ``results_document`` (a parameter written as ``rows_param``), typed."""
+    typed = ", ".join(f"{name} {kind}" for name, kind in [*_RESULT_COLUMNS, *extra])
+    return f"jsonb_to_recordset(CAST({rows_param} AS jsonb)) AS v({typed})"
+
+
 _WRITE_OUTCOMES_PG = text(
     "UPDATE requests AS r SET "
-    + ", ".join(f"{name} = v.{name}" for name, _ in _UNNEST_COLUMNS[1:])
-    + " FROM unnest("
-    + ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in _UNNEST_COLUMNS)
-    + ") AS v("
-    + ", ".join(name for name, _ in _UNNEST_COLUMNS)
-    + ") WHERE r.id = v.id AND r.batch_id = :batch_id AND r.state IN ("
+    + ", ".join(f"{name} = v.{name}" for name, _ in _RESULT_COLUMNS[1:])
+    + " FROM "
+    + _results_from(":rows")
+    + " WHERE r.id = v.id AND r.batch_id = :batch_id AND r.state IN ("
     + _RESULT_SOURCES
     + ")"
     " RETURNING " + ", ".join(f"r.{column.name}" for column in RECORD_COLUMNS)
@@ -777,13 +790,9 @@ _COMPLETE_PG = (
     " max_new_tokens = %(batch_max_new_tokens)s,"
     " generated_tokens = %(batch_generated_tokens)s"
     " WHERE id = %(batch_id)s AND outcome IS NULL AND attempt = %(attempt)s RETURNING id),"
-    " v AS (SELECT * FROM unnest("
-    + ", ".join(f"CAST(%({name})s AS {kind}[])" for name, kind in _UNNEST_COLUMNS)
-    + ", CAST(%(delivery)s AS text[])) AS v("
-    + ", ".join(name for name, _ in _UNNEST_COLUMNS)
-    + ", delivery)),"
+    " v AS (SELECT * FROM " + _results_from("%(rows)s", ("delivery", "text")) + "),"
     " written AS (UPDATE requests AS r SET "
-    + ", ".join(f"{name} = v.{name}" for name, _ in _UNNEST_COLUMNS[1:])
+    + ", ".join(f"{name} = v.{name}" for name, _ in _RESULT_COLUMNS[1:])
     + " FROM v WHERE r.id = v.id AND r.batch_id = %(batch_id)s AND r.state IN ("
     + _RESULT_SOURCES
     + ") AND EXISTS (SELECT 1 FROM closed)"

@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -36,7 +37,6 @@ from batchserve.core.records import (
     command_message,
     command_row,
     pg_type,
-    pg_value,
     row_message,
     row_record,
 )
@@ -63,12 +63,7 @@ class RequestVerbs(StoreBase):
         if self.statements is not None and all(c.idempotency_key is None for c in commands):
             # Without keys there is nothing to lock or to read back: the one INSERT is its
             # own transaction.
-            # One command (a group at low load): a plain row, half the CPU of the arrays.
-            rows = await (
-                self.statements.fetchall(_INSERT_ONE_PSYCOPG, _one_row(commands[0]))
-                if len(commands) == 1
-                else self.statements.fetchall(_INSERT_UNNEST_PSYCOPG, _unnest_columns(commands))
-            )
+            rows = await self.statements.fetchall(_INSERT_JSON_PSYCOPG, _json_rows(commands))
             inserted_ids = {row["id"] for row in rows}
             return [
                 Admission(_new_record(c), False, command_message(c))
@@ -143,9 +138,9 @@ class RequestVerbs(StoreBase):
         if not commands:
             return set()
         if self._postgres:
-            # One statement of constant text whatever the group's size: the driver converts
-            # and Postgres prepares it once, where a multi-row VALUES is new SQL each time.
-            result = await conn.execute(_INSERT_UNNEST_PG, _unnest_columns(commands))
+            # One statement of constant text whatever the group's size: Postgres prepares it
+            # once, where a multi-row VALUES is new SQL each time.
+            result = await conn.execute(_INSERT_JSON_PG, _json_rows(commands))
             return {row[0] for row in result}
         stmt = (
             sqlite_insert(requests_t)
@@ -434,42 +429,36 @@ def _new_record(cmd: SubmitCommand) -> RequestRecord:
 
 
 # The columns admission writes (``command_row``'s keys) with their Postgres types.
-_UNNEST_INSERT_COLUMNS = [(name, pg_type(requests_t.c[name])) for name in COMMAND_COLUMNS]
+_INSERT_COLUMNS = [(str(name), pg_type(requests_t.c[name])) for name in COMMAND_COLUMNS]
 
 
-def _insert(values: str) -> str:
-    """The admission INSERT of the rows ``values`` gives (a ``SELECT`` or ``VALUES`` clause)."""
+def _insert(rows_param: str) -> str:
+    """The admission INSERT of the rows of one JSON array parameter (written as
+    ``rows_param``: SQLAlchemy's ``:rows`` or psycopg's ``%(rows)s``), a row an object.
+
+    The whole group travels as one document that orjson writes in C and Postgres reads in C:
+    an array parameter per column (``unnest``) cost the API 3-10 times the CPU to send a group
+    of 4-64, in psycopg's Python array dumpers (``scripts/bench_statements.py --encodings``)."""
+    names = ", ".join(name for name, _ in _INSERT_COLUMNS)
+    typed = ", ".join(f"{name} {kind}" for name, kind in _INSERT_COLUMNS)
     return (
-        "INSERT INTO requests ("
-        + ", ".join(name for name, _ in _UNNEST_INSERT_COLUMNS)
-        + f") {values} ON CONFLICT (tenant, idempotency_key) DO NOTHING RETURNING id"
+        f"INSERT INTO requests ({names}) SELECT {names}"
+        f" FROM jsonb_to_recordset(CAST({rows_param} AS jsonb)) AS r({typed})"
+        " ON CONFLICT (tenant, idempotency_key) DO NOTHING RETURNING id"
     )
 
 
-def _unnest(param: str) -> str:
-    """Every command's rows from one array per column, each parameter written as ``param``
-    formats its name (SQLAlchemy's ``:name`` or psycopg's ``%(name)s``)."""
-    arrays = (f"CAST({param.format(name)} AS {kind}[])" for name, kind in _UNNEST_INSERT_COLUMNS)
-    return "SELECT * FROM unnest(" + ", ".join(arrays) + ")"
+_INSERT_JSON_PG = text(_insert(":rows"))
+_INSERT_JSON_PSYCOPG = _insert("%(rows)s")
 
 
-_INSERT_UNNEST_PG = text(_insert(_unnest(":{}")))
-_INSERT_UNNEST_PSYCOPG = _insert(_unnest("%({})s"))
-_INSERT_ONE_PSYCOPG = _insert(
-    "VALUES (" + ", ".join(f"%({name})s" for name, _ in _UNNEST_INSERT_COLUMNS) + ")"
-)
+def _json_rows(commands: Sequence[SubmitCommand]) -> dict[str, str]:
+    """The admission INSERT's one parameter: every command's row, in one JSON array.
 
-
-def _unnest_columns(commands: Sequence[SubmitCommand]) -> dict[str, list[Any]]:
-    """The admission INSERT's parameters: one array per column, a value per command."""
-    rows = [_one_row(c) for c in commands]
-    return {name: [row[name] for row in rows] for name, _ in _UNNEST_INSERT_COLUMNS}
-
-
-def _one_row(command: SubmitCommand) -> dict[str, Any]:
-    """One command's row as psycopg sends it (JSON wrapped as jsonb)."""
-    row = command_row(command)
-    return {name: pg_value(name, row[name]) for name, _ in _UNNEST_INSERT_COLUMNS}
+    A JSON ``null`` is SQL ``NULL`` in every column; timestamps are RFC 3339 with their offset
+    (a naive one is UTC); text holds no NUL (admission refuses it: ``api/submission.py``)."""
+    rows = [command_row(c) for c in commands]
+    return {"rows": orjson.dumps(rows, option=orjson.OPT_NAIVE_UTC).decode()}
 
 
 _RECORD_SELECT = "SELECT " + ", ".join(c.name for c in RECORD_COLUMNS) + " FROM requests"

@@ -1,0 +1,87 @@
+"""A worker writes a batch's results while it tells the batcher its slot is free: the write
+does not wait for the announcement's round trip to Redis, nor the announcement for the write's
+to Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from batchserve.core.domain import BatchClosed, BatchItem, BatchMessage, Event, ItemResult
+from batchserve.core.events import MemoryEventBus
+from batchserve.core.store import BatchStart, Reaped
+from batchserve.models.base import Backend, OnResult
+from batchserve.workers.runner import BatchRunner
+
+
+class _Echo(Backend):
+    def run(self, items: Any, on_result: OnResult | None = None) -> list[ItemResult]:
+        return [ItemResult(i.request_id, output="out", finish_reason="stop") for i in items]
+
+
+class _SlowResults:
+    """A store whose results write holds until the test lets it finish."""
+
+    def __init__(self, live: frozenset[str]) -> None:
+        self.live = live
+        self.writing = asyncio.Event()
+        self.finish = asyncio.Event()
+        self.written = False
+
+    async def start_batch(self, *_: Any) -> BatchStart:
+        return BatchStart(attempt=1, live_ids=self.live)
+
+    async def renew_lease(self, *_: Any) -> bool:
+        return True
+
+    async def complete_batch(self, *_: Any, **__: Any) -> Reaped:
+        self.writing.set()
+        await self.finish.wait()
+        self.written = True
+        return Reaped()
+
+
+class _HeldBus(MemoryEventBus):
+    """An event bus whose publishing of ``BatchClosed`` holds until the test releases it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.publishing = asyncio.Event()
+        self.release = asyncio.Event()
+        self.closed: list[BatchClosed] = []
+
+    async def publish(self, event: Event) -> None:
+        if isinstance(event, BatchClosed):
+            self.publishing.set()
+            await self.release.wait()
+            self.closed.append(event)
+        await super().publish(event)
+
+
+async def test_the_results_are_written_while_the_slot_is_announced() -> None:
+    items = tuple(
+        BatchItem(str(uuid.uuid4()), "hi", None, {"max_tokens": 4}, 1.0, 1.0) for _ in range(3)
+    )
+    message = BatchMessage(str(uuid.uuid4()), "m", 1.0, 0.1, items)
+    store = _SlowResults(frozenset(i.request_id for i in items))
+    events = _HeldBus()
+    runner = BatchRunner(
+        store=store,  # type: ignore[arg-type]
+        events=events,
+        queue=None,  # type: ignore[arg-type]  # nothing is requeued
+        backend=_Echo(),
+        worker_id="w",
+        lease_s=2.0,
+    )
+    running = asyncio.create_task(runner.run(message))
+    # Both round trips are under way at once, each held by the test.
+    await asyncio.wait_for(events.publishing.wait(), 5.0)
+    await asyncio.wait_for(store.writing.wait(), 5.0)
+    assert not events.closed and not store.written
+    store.finish.set()
+    await asyncio.sleep(0.01)
+    assert store.written and not events.closed  # the write did not wait for the announcement
+    events.release.set()
+    await asyncio.wait_for(running, 5.0)
+    assert [(c.batch_id, c.outcome) for c in events.closed] == [(message.batch_id, "succeeded")]
