@@ -629,6 +629,12 @@ def main() -> None:
     machine = documents["machine_note"]
     print(DOCUMENTS_AB.format(code=code, machine=machine, verdict=documents_verdict(documents)))
     print(documents_table(documents))
+    topics = load("frontdoor-topics-ab.json")
+    lower = topics_lower(topics)
+    print(TOPICS.format(code=topics["code"]["one channel"], machine=topics["machine_note"]))
+    print(ab_verdict(lower) + "\n")
+    print(TOPICS_READING.format(gap=f"{100 * topics_widest_gap(topics):.0f}"))
+    print(topics_table(topics))
     print(EARLIER)
 
 
@@ -679,73 +685,126 @@ def encodings_verdict(doc: dict[str, Any]) -> dict[str, str]:
     }
 
 
-DOCUMENT_FIGURES = {
+AB_FIGURES = {
     "the API's CPU a request": lambda r: r["cpu_ms_per_request"]["api"],
+    "the batcher's CPU a request": lambda r: r["cpu_ms_per_request"]["batcher"],
     "the worker's CPU a request": lambda r: r["cpu_ms_per_request"]["worker"],
     "Postgres's CPU a request": lambda r: r["server_cpu_ms_per_request"]["postgres"],
+    "Redis's CPU a request": lambda r: r["server_cpu_ms_per_request"]["redis"],
     "p50": lambda r: r["p50_ms"],
 }
+DOCUMENT_FIGURES: tuple[str, ...] = ("the API's CPU a request", "the worker's CPU a request")
+DOCUMENT_FIGURES += ("Postgres's CPU a request", "p50")
 
 
-def documents_rows(doc: dict[str, Any]) -> list[tuple[int, str, dict[str, Any]]]:
+def ab_rows(doc: dict[str, Any], key: str) -> list[tuple[int, str, dict[str, Any]]]:
+    """(run, its way, result) of every batchserve path of alternating runs labelled ``key``."""
     return [
-        (number, run["rows_as"], r)
+        (number, run[key], r)
         for number, run in enumerate(doc["runs"], 1)
         for r in run["results"]
         if r["path"] != "baseline"
     ]
 
 
-def documents_lower(doc: dict[str, Any]) -> dict[str, list[str]]:
+def ab_lower(
+    doc: dict[str, Any], key: str, new: str, old: str, figures: tuple[str, ...]
+) -> dict[str, list[str]]:
     """Per figure, the (path at rate) where every run of one way was below every run of the
-    other: ``json`` or ``arrays`` first, then where."""
+    other, said as lower or higher with ``new``."""
 
     def values(way: str, rate: float, path: str, figure: str) -> list[float]:
         return [
-            float(DOCUMENT_FIGURES[figure](r))
-            for _, w, r in documents_rows(doc)
+            float(AB_FIGURES[figure](r))
+            for _, w, r in ab_rows(doc, key)
             if w == way and r["offered_rps"] == rate and r["path"] == path
         ]
 
-    rates = sorted({r["offered_rps"] for _, _, r in documents_rows(doc)})
+    rates = sorted({r["offered_rps"] for _, _, r in ab_rows(doc, key)})
     lower: dict[str, list[str]] = {}
-    for figure in DOCUMENT_FIGURES:
+    for figure in figures:
         found = []
         for path in ("longpoll", "sync"):
             for rate in rates:
-                json_, arrays = (values(w, rate, path, figure) for w in ("json", "arrays"))
-                if max(json_) < min(arrays):
-                    found.append(f"lower with JSON: {path} at {rate:g}/s")
-                elif max(arrays) < min(json_):
-                    found.append(f"higher with JSON: {path} at {rate:g}/s")
+                with_new, with_old = (values(w, rate, path, figure) for w in (new, old))
+                if max(with_new) < min(with_old):
+                    found.append(f"lower with {new}: {path} at {rate:g}/s")
+                elif max(with_old) < min(with_new):
+                    found.append(f"higher with {new}: {path} at {rate:g}/s")
         lower[figure] = found
     return lower
 
 
-def documents_verdict(doc: dict[str, Any]) -> str:
+def ab_verdict(lower: dict[str, list[str]]) -> str:
     return (
         "\n".join(
             f"- {figure}: {'; '.join(cases) if cases else 'the runs overlap at every rate'};"
-            for figure, cases in documents_lower(doc).items()
+            for figure, cases in lower.items()
         ).rstrip(";")
         + "."
     )
 
 
-def documents_table(doc: dict[str, Any]) -> str:
+def ab_table(doc: dict[str, Any], key: str, label: str, roles: tuple[str, ...]) -> str:
+    """Every run's batchserve paths: latency, the ``roles``' CPU and Postgres's and Redis's."""
     lines = [
-        "| run | rows as | offered/s | path | p50 / p99 ms | API CPU ms | worker CPU ms "
-        "| Postgres CPU ms |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| run | {label} | offered/s | path | p50 / p99 ms | "
+        + " | ".join(f"{role} CPU ms" for role in roles)
+        + " | Postgres CPU ms | Redis CPU ms |",
+        "| --- | --- | --- | --- | --- | " + " | ".join("---" for _ in roles) + " | --- | --- |",
     ]
-    for number, way, r in documents_rows(doc):
+    for number, way, r in ab_rows(doc, key):
+        servers = r["server_cpu_ms_per_request"]
         lines.append(
             f"| {number} | {way} | {r['offered_rps']:g} | {r['path']} "
-            f"| {r['p50_ms']} / {r['p99_ms']} | {r['cpu_ms_per_request']['api']} "
-            f"| {r['cpu_ms_per_request']['worker']} "
-            f"| {r['server_cpu_ms_per_request']['postgres']} |"
+            f"| {r['p50_ms']} / {r['p99_ms']} | "
+            + " | ".join(str(r["cpu_ms_per_request"][role]) for role in roles)
+            + f" | {servers['postgres']} | {servers['redis']} |"
         )
     return "\n".join(lines)
+
+
+def documents_rows(doc: dict[str, Any]) -> list[tuple[int, str, dict[str, Any]]]:
+    return ab_rows(doc, "rows_as")
+
+
+def documents_lower(doc: dict[str, Any]) -> dict[str, list[str]]:
+    return ab_lower(doc, "rows_as", "json", "arrays", DOCUMENT_FIGURES)
+
+
+def documents_verdict(doc: dict[str, Any]) -> str:
+    return ab_verdict(documents_lower(doc)).replace("with json", "with JSON")
+
+
+def documents_table(doc: dict[str, Any]) -> str:
+    return ab_table(doc, "rows_as", "rows as", ("api", "worker"))
+
+
+TOPIC_FIGURES = tuple(AB_FIGURES)
+
+
+def topics_lower(doc: dict[str, Any]) -> dict[str, list[str]]:
+    return ab_lower(doc, "events", "topics", "one channel", TOPIC_FIGURES)
+
+
+def topics_widest_gap(doc: dict[str, Any]) -> float:
+    """Of the (figure, path, rate) where one way's runs were all above the other's, the widest
+    gap between the two groups, relative to the lower."""
+    widest = 0.0
+    for figure, cases in topics_lower(doc).items():
+        for case in cases:
+            path, rate = case.split(": ")[1].split(" at ")
+            by_way: dict[str, list[float]] = {}
+            for _, way, r in ab_rows(doc, "events"):
+                if r["path"] == path and f"{r['offered_rps']:g}/s" == rate:
+                    by_way.setdefault(way, []).append(float(AB_FIGURES[figure](r)))
+            low, high = sorted(by_way.values(), key=max)
+            widest = max(widest, (min(high) - max(low)) / max(low))
+    return widest
+
+
+def topics_table(doc: dict[str, Any]) -> str:
+    return ab_table(doc, "events", "events", ("api", "batcher", "worker"))
 
 
 INTRO = """# The front door against an in-process batcher
@@ -1049,6 +1108,31 @@ small share of a request's CPU (about a tenth of a millisecond or less above, of
 request below). Where every run of one way was below every run of the other:
 
 {verdict}
+"""
+
+TOPICS = """
+### Slots freed and cancellations travel on topics of their own
+
+Every request's state change went out on one Redis channel, and every process that listened
+for anything decoded all of them: the batcher, for the ends of batches, and every worker pool
+process, for cancellations, each decoded every admission, start and result (results carried
+since the section before last). Now the ends of batches and an engine's freed sequences go on
+a `slots` channel, which only batchers hear, and a cancellation goes on a `cancels` channel as
+well as with the other changes of requests, which only workers hear (`events.event_topics`).
+Tests: `tests/unit/test_events.py`, `tests/integration/test_event_topics.py` (over Redis).
+During a rolling upgrade, a batcher of this version does not hear a worker of the last one
+free its slot; the slot timeline frees it at its expected end, as for a lost notification.
+
+Three alternating runs of the same frontdoor command, the landed main ({code}: one channel)
+against this change ({machine}; [frontdoor-topics-ab.json](frontdoor-topics-ab.json)). Where
+every run of one way was below every run of the other:
+"""
+
+TOPICS_READING = """Where one way's runs were all above the other's, the gap between them is
+at most {gap} % (the CPU a request is counted in 10 ms ticks): with one worker slot, the
+messages it no longer decodes are not a figure these runs can see. What it removes grows with
+the deployment: each pool process of each worker (two a slot with standby processes) decoded
+every request's changes, and Redis sent each of them that many times.
 """
 
 EARLIER = """

@@ -52,7 +52,7 @@ from batchserve.core.domain import (
     SequencesFreed,
 )
 from batchserve.core.errors import Unavailable
-from batchserve.core.events import EventBus, Subscription
+from batchserve.core.events import SLOTS, EventBus, Subscription
 from batchserve.core.ids import uuid7
 from batchserve.core.loadboard import LoadBoard, LoadSnapshot
 from batchserve.core.logs import get_logger
@@ -274,7 +274,9 @@ class ModelBatcher(BatcherJobs):
             for batch_id, _lease in await self._store.open_batches(self.spec.name):
                 # A previous batcher's batches still hold their slots.
                 self.slots.assign(batch_id, now, self._typical_batch_s())
-        self._subscription = self._events.subscribe(self.on_event, on_reconnect=self._wake.set)
+        self._subscription = self._events.subscribe(
+            self.on_event, on_reconnect=self._wake.set, topics=(SLOTS,)
+        )
         await self._refresh_slots()
         if self.engine:
             await self._reconcile()

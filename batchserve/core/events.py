@@ -15,26 +15,47 @@ from collections.abc import Callable
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from batchserve.core.domain import Event, JobChanged, KeyRevoked, decode_event, encode_event
+from batchserve.core.domain import (
+    BatchClosed,
+    Event,
+    JobChanged,
+    KeyRevoked,
+    RequestState,
+    SequencesFreed,
+    StateChange,
+    decode_event,
+    encode_event,
+)
 from batchserve.core.logs import get_logger
 
 log = get_logger("batchserve.events")
 
 Handler = Callable[[Event], None]
 
-# Events travel on topics, and a subscriber hears only the topics it names: request and batch
-# changes (many a second: long-polls, the batcher, workers) or bulk jobs created and cancelled
-# (the job driver), or API keys revoked (every API replica), so that nobody decodes a stream
-# it ignores.
+# Events travel on topics, and a subscriber hears only the topics it names, so that nobody
+# decodes a stream it ignores: requests' state changes (many a second, results carried:
+# long-polls, the webhook relay), slots freed (batch ends, an engine's sequences leaving it:
+# the batcher), cancellations (also state changes of requests, heard on their own by the
+# workers, which stop generating for them), bulk jobs created and cancelled (the job driver),
+# API keys revoked (every API replica).
 REQUESTS = "requests"
+SLOTS = "slots"
+CANCELS = "cancels"
 JOBS = "jobs"
 KEYS = "keys"
 
 
-def event_topic(event: Event) -> str:
+def event_topics(event: Event) -> tuple[str, ...]:
+    """The topics ``event`` is published on (a cancellation on two)."""
     if isinstance(event, JobChanged):
-        return JOBS
-    return KEYS if isinstance(event, KeyRevoked) else REQUESTS
+        return (JOBS,)
+    if isinstance(event, KeyRevoked):
+        return (KEYS,)
+    if isinstance(event, BatchClosed | SequencesFreed):
+        return (SLOTS,)
+    if isinstance(event, StateChange) and event.state is RequestState.CANCELLED:
+        return (REQUESTS, CANCELS)
+    return (REQUESTS,)
 
 
 class Subscription:
@@ -77,9 +98,9 @@ class MemoryEventBus(EventBus):
         self._handlers: list[tuple[Handler, tuple[str, ...]]] = []
 
     async def publish(self, event: Event) -> None:
-        topic = event_topic(event)
+        published = event_topics(event)
         for handler, topics in list(self._handlers):
-            if topic not in topics:
+            if not any(topic in topics for topic in published):
                 continue
             try:
                 handler(event)
@@ -126,7 +147,9 @@ class RedisEventBus(EventBus):
 
     async def publish(self, event: Event) -> None:
         try:
-            await self._redis.publish(self._channel(event_topic(event)), encode_event(event))
+            data = encode_event(event)
+            for topic in event_topics(event):
+                await self._redis.publish(self._channel(topic), data)
             self._warned = False
         except (RedisError, OSError) as error:
             if not self._warned:

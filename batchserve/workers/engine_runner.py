@@ -44,7 +44,7 @@ from batchserve.core.domain import (
     SequencesFreed,
     StateChange,
 )
-from batchserve.core.events import EventBus, Subscription
+from batchserve.core.events import CANCELS, EventBus, Subscription
 from batchserve.core.logs import get_logger
 from batchserve.core.metrics import metrics
 from batchserve.core.republish import republish
@@ -151,7 +151,7 @@ class EngineRunner:
     async def start(self, *, background: bool = True) -> None:
         """Start the engine; with ``background`` also the tasks that write results and keep
         leases (a test steps them itself with :meth:`tick` and :meth:`flush`)."""
-        self._subscription = self._events.subscribe(self._on_event)
+        self._subscription = self._events.subscribe(self._on_event, topics=(CANCELS,))
         await self.engine.start(self._on_updates)
         if background:
             self._tasks = [

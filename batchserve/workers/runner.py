@@ -28,7 +28,7 @@ from batchserve.core.domain import (
     Timings,
 )
 from batchserve.core.errors import Unavailable
-from batchserve.core.events import EventBus, Subscription
+from batchserve.core.events import CANCELS, EventBus, Subscription
 from batchserve.core.logs import annotate, bind, get_logger
 from batchserve.core.metrics import metrics
 from batchserve.core.republish import republish
@@ -102,7 +102,7 @@ class BatchRunner:
     def _watch_cancellations(self) -> None:
         """Let the model stop generating for a request cancelled while its batch runs."""
         if self._subscription is None:
-            self._subscription = self._events.subscribe(self._on_event)
+            self._subscription = self._events.subscribe(self._on_event, topics=(CANCELS,))
             self.backend.should_stop = self._cancelled.__contains__
 
     def _on_event(self, event: Event) -> None:

@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 from batchserve.api.streams import Assembler
 from batchserve.core.broker import MemoryRequestQueue
 from batchserve.core.domain import BatchItem, BatchMessage, BatchOutcome, Event, SequencesFreed
-from batchserve.core.events import MemoryEventBus
+from batchserve.core.events import REQUESTS, SLOTS, MemoryEventBus
 from batchserve.core.ids import uuid7
 from batchserve.core.store import JobStore
 from batchserve.core.tokenlog import LogEntry, MemoryTokenLog
@@ -36,7 +36,7 @@ class Rig:
             tmp_path, on_change=store_hook(self.events, self.tokens)
         )
         self.heard: list[Event] = []
-        self.events.subscribe(self.heard.append)
+        self.events.subscribe(self.heard.append, topics=(REQUESTS, SLOTS))
         self.engine = engine or ScriptedEngine(clock=self.clock)
         self.stalled = 0
         self.runner = EngineRunner(

@@ -16,33 +16,46 @@ from batchserve.core.domain import (
     Lane,
     RequestRecord,
     RequestState,
+    SequencesFreed,
     StateChange,
     Timings,
     decode_event,
     encode_event,
 )
-from batchserve.core.events import JOBS, REQUESTS, MemoryEventBus
+from batchserve.core.events import CANCELS, JOBS, REQUESTS, SLOTS, MemoryEventBus, event_topics
 
 
 async def test_each_subscriber_hears_only_its_topics() -> None:
+    """Request changes, slots freed and cancellations each reach only who asked for them: the
+    batcher hears no request's change, a worker only cancellations (which long-polls hear too,
+    among the request changes), and a cancellation reaches each subscriber once."""
     bus = MemoryEventBus()
     requests: list[Event] = []
+    slots: list[Event] = []
+    cancels: list[Event] = []
     jobs: list[Event] = []
     both: list[Event] = []
-    bus.subscribe(requests.append)  # the default: request and batch changes
+    bus.subscribe(requests.append)  # the default: requests' state changes
+    bus.subscribe(slots.append, topics=(SLOTS,))
+    bus.subscribe(cancels.append, topics=(CANCELS,))
     bus.subscribe(jobs.append, topics=(JOBS,))
     subscription = bus.subscribe(both.append, topics=(REQUESTS, JOBS))
     state = StateChange(("r1",), RequestState.SUCCEEDED)
+    cancelled = StateChange(("r2",), RequestState.CANCELLED)
     closed = BatchClosed(model="m", batch_id="b1", outcome="succeeded")
+    freed = SequencesFreed("m", "b1", ("r3",))
     job = JobChanged(job_id="j1", status="validating")
-    for event in (state, closed, job):
+    for event in (state, cancelled, closed, freed, job):
         await bus.publish(event)
-    assert requests == [state, closed]
+    assert requests == [state, cancelled]
+    assert slots == [closed, freed]
+    assert cancels == [cancelled]
     assert jobs == [job]
-    assert both == [state, closed, job]
+    assert both == [state, cancelled, job]
     await subscription.close()
     await bus.publish(job)
-    assert both == [state, closed, job]
+    assert both == [state, cancelled, job]
+    assert event_topics(cancelled) == (REQUESTS, CANCELS)
 
 
 def full_record(**changes: Any) -> RequestRecord:

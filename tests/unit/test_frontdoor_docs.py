@@ -367,3 +367,20 @@ def test_rows_as_one_document_cost_the_caller_less_and_did_not_move_the_front_do
     api = [r["cpu_ms_per_request"]["api"] for _, _, r in frontdoor_docs.documents_rows(doc)]
     assert min(api) >= 1.5 and max(api) <= 2.95
     assert "A group's rows travel as one JSON document" in DOC
+
+
+def test_topics_moved_no_front_door_figure_past_the_counting_of_cpu() -> None:
+    """The section's reading of its alternating runs: where one way's runs were all above the
+    other's, the groups lie within the gap the page names (a few per cent at most)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import frontdoor_docs
+
+    doc = _run("frontdoor-topics-ab.json")
+    assert [run["events"] for run in doc["runs"]] == ["one channel", "topics"] * 3
+    assert all(
+        r["answered"] == r["sent"] and not r["wrong"] for run in doc["runs"] for r in run["results"]
+    )
+    gap = frontdoor_docs.topics_widest_gap(doc)
+    assert gap < 0.03
+    assert f"at most {100 * gap:.0f} %" in PROSE
+    assert "Slots freed and cancellations travel on topics of their own" in DOC
