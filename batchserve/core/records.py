@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
+import orjson
 from psycopg.types.json import Jsonb
 from sqlalchemy import JSON, BigInteger, Column, DateTime, Float, Integer, String, Uuid
 
@@ -155,6 +156,21 @@ _PG_TYPES: list[tuple[type[Any], str]] = [
     (Float, "float8"),
     (DateTime, "timestamptz"),
 ]
+
+
+def rows_document(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Rows as the one JSON array parameter a hand-written statement reads with
+    :func:`rows_from`: orjson writes it in C, where an array parameter per column goes through
+    psycopg's Python array dumpers (``scripts/bench_statements.py --encodings``). A JSON
+    ``null`` is SQL ``NULL``; timestamps are RFC 3339 with their offset (a naive one is UTC)."""
+    return orjson.dumps(rows, option=orjson.OPT_NAIVE_UTC).decode()
+
+
+def rows_from(param: str, columns: Sequence[tuple[str, str]], alias: str) -> str:
+    """The typed rows of a :func:`rows_document` parameter written as ``param`` (SQLAlchemy's
+    ``:name`` or psycopg's ``%(name)s``), for a ``FROM``: ``columns`` are (name, Postgres type)."""
+    typed = ", ".join(f"{name} {kind}" for name, kind in columns)
+    return f"jsonb_to_recordset(CAST({param} AS jsonb)) AS {alias}({typed})"
 
 
 def pg_value(column: str, value: Any) -> Any:

@@ -8,7 +8,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any, NamedTuple
 
-import orjson
 from sqlalchemy import bindparam, case, func, insert, literal, select, text, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -31,6 +30,8 @@ from batchserve.core.records import (
     pg_type,
     row_message,
     row_record,
+    rows_document,
+    rows_from,
 )
 from batchserve.core.store.base import (
     BatchStart,
@@ -712,19 +713,16 @@ _RESULT_SOURCES = ", ".join(
 
 def results_document(rows: Sequence[Mapping[str, Any]], deliveries: Sequence[str] = ()) -> str:
     """The members' results (``result_row``s), and each one's webhook delivery id where given,
-    as the one JSON array the result statements read (``_results_from``): orjson writes it in
-    C where a parameter per column went through psycopg's Python array dumpers. A JSON
-    ``null`` is SQL ``NULL``; timestamps are RFC 3339 with their offset (a naive one is UTC)."""
+    as the one JSON array the result statements read (``_results_from``)."""
     document = [{name: row[f"b_{name}"] for name, _ in _RESULT_COLUMNS} for row in rows]
     for entry, delivery in zip(document, deliveries, strict=False):
         entry["delivery"] = delivery
-    return orjson.dumps(document, option=orjson.OPT_NAIVE_UTC).decode()
+    return rows_document(document)
 
 
 def _results_from(rows_param: str, *extra: tuple[str, str]) -> str:
     """The rows of ``results_document`` (a parameter written as ``rows_param``), typed."""
-    typed = ", ".join(f"{name} {kind}" for name, kind in [*_RESULT_COLUMNS, *extra])
-    return f"jsonb_to_recordset(CAST({rows_param} AS jsonb)) AS v({typed})"
+    return rows_from(rows_param, [*_RESULT_COLUMNS, *extra], "v")
 
 
 _WRITE_OUTCOMES_PG = text(

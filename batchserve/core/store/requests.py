@@ -6,7 +6,6 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-import orjson
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -39,6 +38,8 @@ from batchserve.core.records import (
     pg_type,
     row_message,
     row_record,
+    rows_document,
+    rows_from,
 )
 from batchserve.core.store.base import (
     Admission,
@@ -429,21 +430,16 @@ def _new_record(cmd: SubmitCommand) -> RequestRecord:
 
 
 # The columns admission writes (``command_row``'s keys) with their Postgres types.
-_INSERT_COLUMNS = [(str(name), pg_type(requests_t.c[name])) for name in COMMAND_COLUMNS]
+_INSERT_COLUMNS = [(name, pg_type(requests_t.c[name])) for name in COMMAND_COLUMNS]
 
 
 def _insert(rows_param: str) -> str:
-    """The admission INSERT of the rows of one JSON array parameter (written as
-    ``rows_param``: SQLAlchemy's ``:rows`` or psycopg's ``%(rows)s``), a row an object.
-
-    The whole group travels as one document that orjson writes in C and Postgres reads in C:
-    an array parameter per column (``unnest``) cost the API 3-10 times the CPU to send a group
-    of 4-64, in psycopg's Python array dumpers (``scripts/bench_statements.py --encodings``)."""
+    """The admission INSERT of the rows of one JSON array parameter (``rows_document``,
+    written as ``rows_param``): one statement of constant text whatever the group's size."""
     names = ", ".join(name for name, _ in _INSERT_COLUMNS)
-    typed = ", ".join(f"{name} {kind}" for name, kind in _INSERT_COLUMNS)
     return (
         f"INSERT INTO requests ({names}) SELECT {names}"
-        f" FROM jsonb_to_recordset(CAST({rows_param} AS jsonb)) AS r({typed})"
+        f" FROM {rows_from(rows_param, _INSERT_COLUMNS, 'r')}"
         " ON CONFLICT (tenant, idempotency_key) DO NOTHING RETURNING id"
     )
 
@@ -453,12 +449,9 @@ _INSERT_JSON_PSYCOPG = _insert("%(rows)s")
 
 
 def _json_rows(commands: Sequence[SubmitCommand]) -> dict[str, str]:
-    """The admission INSERT's one parameter: every command's row, in one JSON array.
-
-    A JSON ``null`` is SQL ``NULL`` in every column; timestamps are RFC 3339 with their offset
-    (a naive one is UTC); text holds no NUL (admission refuses it: ``api/submission.py``)."""
-    rows = [command_row(c) for c in commands]
-    return {"rows": orjson.dumps(rows, option=orjson.OPT_NAIVE_UTC).decode()}
+    """The admission INSERT's one parameter: every command's row (text holds no NUL:
+    admission refuses it, ``api/submission.py``)."""
+    return {"rows": rows_document([command_row(c) for c in commands])}
 
 
 _RECORD_SELECT = "SELECT " + ", ".join(c.name for c in RECORD_COLUMNS) + " FROM requests"
