@@ -832,7 +832,7 @@ answer it got is its own:
 - **sync**: batchserve, `POST /v1/chat/completions`.
 
 The load generator is an open loop in the strict sense: no send waits for another caller's
-connection (`OPEN_LOOP_CONNECTIONS`). With its earlier pool of 256, a long-poll held a
+connection (`open_loop`'s aiohttp pool is unbounded; every scenario's generator is). With its earlier pool of 256, a long-poll held a
 connection until its answer, so past capacity the service was offered less than the rate said:
 the four alternating runs of section 3 below were made that way, and there the long-poll path
 served {capped} at 300/s offered, where now, truly offered 300/s, it collapses (the tables). Latency from send to answer; served/s over the span from the first send to the last answer; CPU

@@ -46,10 +46,6 @@ PATHS = ("baseline", "longpoll", "sync")
 GOAL_RATES = (30.0, 100.0)
 GOAL_P50_MS = 10.0
 GOAL_P99_MS = 30.0
-# Open loop means no caller waits for another's connection: aiohttp's pool is unbounded here (0).
-# The generator's usual 256 held sends back past capacity (a long-poll keeps its connection until
-# its answer), so the service was offered less than the rate said (docs/frontdoor.md).
-OPEN_LOOP_CONNECTIONS = 0
 TERMINAL = ("succeeded", "failed", "cancelled", "expired")
 
 
@@ -174,7 +170,6 @@ async def _round(
         path="/v1/chat/completions" if path == "sync" else "/v1/requests",
         headers=None if path == "baseline" else deployment.headers,
         on_accepted=long_poll if path == "longpoll" else None,
-        connections=OPEN_LOOP_CONNECTIONS,
     )
     after, servers_after = cpu(), server_cpu_s()
     latencies: list[float] = []

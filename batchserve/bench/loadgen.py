@@ -54,11 +54,15 @@ async def open_loop(
     *,
     path: str = "/v1/requests",
     headers: dict[str, str] | None = None,
-    connections: int = 256,
+    connections: int = 0,
     on_accepted: Callable[[aiohttp.ClientSession, Submitted], Awaitable[None]] | None = None,
 ) -> LoadResult:
     """Send one POST at each offset of ``schedule`` (seconds from now); ``on_accepted`` runs
-    after each 202 (a chaos run cancels some requests with it)."""
+    after each 202 (a chaos run cancels some requests with it; a latency run long-polls).
+
+    ``connections``: aiohttp's pool, unbounded (0) unless given. A bounded pool would make the
+    loop closed past capacity: a caller still long-polling holds its connection, so the next
+    send waits for one and the service is offered less than the schedule says."""
     result = LoadResult()
     connector = aiohttp.TCPConnector(limit=connections)
     timeout = aiohttp.ClientTimeout(total=120)
