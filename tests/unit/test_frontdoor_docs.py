@@ -384,3 +384,24 @@ def test_topics_moved_no_front_door_figure_past_the_counting_of_cpu() -> None:
     assert gap < 0.03
     assert f"at most {100 * gap:.0f} %" in PROSE
     assert "Slots freed and cancellations travel on topics of their own" in DOC
+
+
+def test_the_broker_section_reads_its_recorded_rounds() -> None:
+    """The broker's CPU a message, as recorded: the summary is what the script makes of its
+    rounds, the transient queue cost under half the quorum one at 100/s ("most of the broker's
+    CPU ... is the message's durability"), and the quorum queue cost less a message at 1,000/s
+    than at 100/s ("paid for each message alone, where at 1,000/s messages share it")."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_broker
+    import frontdoor_docs
+
+    doc = _run("frontdoor-broker.json")
+    assert doc["summary"] == bench_broker.summarize(doc["rounds"])
+    kinds = {(r["kind"], r["rate"]) for r in doc["rounds"]}
+    assert kinds == {(k, rate) for k in bench_broker.KINDS for rate in (100.0, 1000.0)}
+    assert all(r["messages"] == int(r["rate"] * 5) for r in doc["rounds"])
+    median = frontdoor_docs.broker_median
+    assert median(doc, "transient", 100.0) < 0.5 * median(doc, "quorum", 100.0)
+    assert median(doc, "quorum", 1000.0) < median(doc, "quorum", 100.0)
+    assert "What RabbitMQ spends a request's message" in DOC
+    assert f"a median {median(doc, 'quorum', 100.0):g} ms of CPU a message" in PROSE
