@@ -21,7 +21,10 @@ from typing import Any
 
 import orjson
 from benchmarks_streaming import streaming_md, verdict_rows
+from frontdoor_docs import cpu_table, over
 from md_table import table
+
+from batchserve.bench.frontdoor import GOAL_P50_MS, GOAL_P99_MS, GOAL_RATES
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -59,7 +62,29 @@ RUNS: list[tuple[str, list[str], str | None]] = [
         ],
         None,
     ),
+    (
+        "frontdoor",
+        [
+            *("--scenario", "frontdoor", "--workers", "1", "--batch", "32", "--duration", "10"),
+            *("--frontdoor-rates", "30,100,200,300"),
+        ],
+        None,
+    ),
+    (
+        "seeds",
+        [
+            *("--scenario", "frontdoor", "--workers", "4", "--batch", "32", "--duration", "10"),
+            *("--frontdoor-rates", "1000"),
+        ],
+        None,
+    ),
 ]
+# The front door's paths, as the issue that set its goals names them.
+FRONTDOOR_PATHS = {
+    "baseline": "in-process asyncio batcher behind FastAPI (nothing durable)",
+    "sync": "batchserve, sync `/v1/chat/completions`",
+    "longpoll": "batchserve, submit + long-poll",
+}
 PROFILES: list[tuple[str, list[str]]] = [
     ("worker", ["--scenario", "saturation", "--variants", "adaptive", "--http-load", "0"]),
     ("batcher", ["--scenario", "saturation", "--variants", "adaptive", "--http-load", "0"]),
@@ -211,6 +236,106 @@ def ingest_md(doc: dict[str, Any]) -> str:
     return text + f"\n\nHighest rate within the bound: **{doc['max_rate_ok']:.0f} submits/s**."
 
 
+def frontdoor_md(doc: dict[str, Any]) -> str:
+    """Each offered rate's p50 / p99 ms (served/s) by path, their distance from the baseline,
+    and where the CPU went at 100/s."""
+    results = {(r["offered_rps"], r["path"]): r for r in doc["results"]}
+    rates = sorted({r["offered_rps"] for r in doc["results"]})
+    rows = []
+    for rate in rates:
+        cells = []
+        for path in FRONTDOOR_PATHS:
+            r = results[(rate, path)]
+            cells.append(f"{r['p50_ms']:,.0f} / {r['p99_ms']:,.0f} ({r['served_rps']:.0f})")
+        rows.append([f"{rate:,.0f}", *cells])
+    text = "p50 / p99 ms (served/s), every caller checking that the answer is its own:\n\n"
+    text += table(["offered/s", *FRONTDOOR_PATHS.values()], rows)
+    gaps = over(doc)
+    rows = [
+        [f"{rate:,.0f}", path, f"{gaps[(path, rate)][0]:+.1f}", f"{gaps[(path, rate)][1]:+.1f}"]
+        for rate in rates
+        for path in ("sync", "longpoll")
+    ]
+    text += "\n\nOver the baseline in the same run (ms):\n\n"
+    text += table(["offered/s", "path", "p50", "p99"], rows)
+    unanswered = sum(r["sent"] - r["answered"] for r in doc["results"])
+    wrong = sum(r["wrong"] for r in doc["results"])
+    text += f"\n\nUnanswered callers {unanswered}, wrong answers {wrong}. "
+    if any(r["offered_rps"] == 100.0 for r in doc["results"]):
+        text += "CPU ms a request at 100/s, by role and by server:\n\n" + cpu_table(doc)
+    return text
+
+
+def seeds_md(doc: dict[str, Any]) -> str:
+    rows = [
+        [
+            FRONTDOOR_PATHS[r["path"]],
+            f"{r['answered']:,} of {r['sent']:,}",
+            r["refused"],
+            f"{r['p50_ms']:,.1f} / {r['p99_ms']:,.1f}",
+            f"{r['served_rps']:.1f}",
+        ]
+        for r in doc["results"]
+    ]
+    header = ["path", "answered", "refused", "p50 / p99 ms", "served/s"]
+    return table(header, rows)
+
+
+def frontdoor_verdicts(front: dict[str, Any], seeds: dict[str, Any] | None) -> list[list[str]]:
+    """The front door's goals: latency over the in-process baseline, served through HTTP, the
+    seeds' deployment answered, and the roles' CPU a request (ingest is its own row)."""
+    judged = [g for g in front["goals"]["latency"] if g["offered_rps"] in GOAL_RATES]
+    p50 = max(g["p50_over_baseline_ms"] for g in judged)
+    p99 = max(g["p99_over_baseline_ms"] for g in judged)
+    served = front["goals"]["served_vs_ideal"]
+    ideal = 10.0 * front["workers"] * front["max_batch_size"]
+    at_100 = {r["path"]: r for r in front["results"] if r["offered_rps"] == 100.0}
+    roles = {p: sum(at_100[p]["cpu_ms_per_request"].values()) for p in ("longpoll", "sync")}
+    servers = {p: sum(at_100[p]["server_cpu_ms_per_request"].values()) for p in roles}
+    rows = [
+        [
+            "front door over an in-process batcher at "
+            + " and ".join(f"{r:g}" for r in GOAL_RATES)
+            + "/s, worst of long-poll and sync",
+            f"p50 ≤ +{GOAL_P50_MS:g} ms, p99 ≤ +{GOAL_P99_MS:g} ms",
+            f"p50 {p50:+.1f} ms, p99 {p99:+.1f} ms",
+            f"p50 {_met(p50 <= GOAL_P50_MS)}, p99 {_met(p99 <= GOAL_P99_MS)}",
+        ],
+        [
+            f"served through HTTP, W={front['workers']}, B={front['max_batch_size']}, "
+            "long-poll / sync",
+            f"≥ 0.90 of {ideal:.0f}/s",
+            f"{served['longpoll']:.3f} / {served['sync']:.3f} (baseline {served['baseline']:.3f})",
+            _met(min(served["longpoll"], served["sync"]) >= 0.90),
+        ],
+        [
+            "CPU of all roles a request at 100/s, long-poll / sync",
+            "≤ 1.0 ms (Postgres + RabbitMQ + Redis beside)",
+            f"{roles['longpoll']:.2f} / {roles['sync']:.2f} ms (servers {servers['longpoll']:.2f}"
+            f" / {servers['sync']:.2f})",
+            _met(max(roles.values()) <= 1.0),
+        ],
+    ]
+    if seeds is not None:
+        paths = [r for r in seeds["results"] if r["path"] != "baseline"]
+        ok = all(r["refused"] == 0 and r["answered"] == r["sent"] for r in paths)
+        rate = paths[0]["offered_rps"]
+        rows.append(
+            [
+                f"the seeds' deployment: {seeds['workers']} slots x {seeds['max_batch_size']}, "
+                f"{rate:,.0f}/s offered",
+                "nothing refused, p99 reported",
+                "; ".join(
+                    f"{r['path']}: {r['answered']:,} of {r['sent']:,} answered, "
+                    f"{r['refused']} refused, p99 {r['p99_ms'] / 1000:.1f} s"
+                    for r in paths
+                ),
+                _met(ok),
+            ]
+        )
+    return rows
+
+
 def flat_md(doc: dict[str, Any]) -> str:
     skip = {"scenario", "machine", "wall_s", "logs", "plot"}
     rows = [
@@ -256,6 +381,8 @@ def verdicts(docs: dict[str, dict[str, Any]]) -> str:
     ]
     if "streaming" in docs:
         rows += verdict_rows(docs["streaming"])
+    if "frontdoor" in docs:
+        rows += frontdoor_verdicts(docs["frontdoor"], docs.get("seeds"))
     return table(["target", "asked", "measured", ""], rows)
 
 
@@ -282,7 +409,16 @@ SECTIONS = [
         "Streaming: the same requests plain and streamed, and an outside client",
         streaming_md,
     ),
+    ("frontdoor", "Front door: batchserve against an in-process batcher", frontdoor_md),
+    ("seeds", "Front door: the seeds' deployment, 1,000 requests/s offered", seeds_md),
 ]
+
+
+def host_note(host: dict[str, Any]) -> str:
+    return (
+        f"Run apart from the rest of the page: {host['cores']} cores ({host['cpu']}), "
+        f"{host['when']} (load average {host['load_avg'][0]:.1f} when it began)."
+    )
 
 
 def render(docs: dict[str, dict[str, Any]], host: dict[str, Any], commands: dict[str, str]) -> str:
@@ -293,7 +429,8 @@ def render(docs: dict[str, dict[str, Any]], host: dict[str, Any], commands: dict
         "`scripts/benchmarks_notes.md`. Every scenario starts its own deployment (API, "
         "maintenance, and per variant a batcher and a worker) on the local Postgres, RabbitMQ "
         'and Redis, with the fixed 100 ms model (`backend = "fixed"`), W = 2 worker slots, '
-        "B = 16, and the load generator in the same machine.\n",
+        "B = 16 (where a command names other W and B, those), and the load generator in the "
+        "same machine.\n",
         f"**Machine**: {host['cores']} cores ({host['cpu']}), {host['memory_gb']} GB, Python "
         f"{host['python']}, {host['when']}. The servers and the load generator share the two "
         "cores, and so did other engineers' test runs: each section gives the load average "
@@ -311,6 +448,8 @@ def render(docs: dict[str, dict[str, Any]], host: dict[str, Any], commands: dict
         parts.append(f"`{commands[name]}`\n")
         if doc.get("plot"):
             parts.append(f"![{title}]({Path(doc['plot']).name})\n")
+        if "host" in doc:  # rerun with --only
+            parts.append(host_note(doc["host"]) + "\n")
         parts.append(render_section(doc) + "\n")
         parts.append(load_note(doc) + "\n")
     parts.append((Path(__file__).with_name("benchmarks_notes.md")).read_text())
@@ -344,12 +483,14 @@ def main() -> None:
     only = {name for name in options.only.split(",") if name}
     if only:
         docs = orjson.loads((DOCS / "benchmarks.json").read_bytes())
-        docs.pop("machine")
+        host = docs.pop("machine")
     for name, args, plot in RUNS:
         if only and name not in only:
             continue
         extra = ["--plot", str(DOCS / plot)] if plot else []
         docs[name] = bench(args + extra)
+        if only:  # the page's machine line is the other runs'
+            docs[name]["host"] = machine()
         time.sleep(SETTLE_S)
     commands = _commands()
     if options.profiles:
