@@ -90,3 +90,12 @@ def test_the_findings_headlines_are_the_pages_figures() -> None:
     )
     p50, p99 = round(over["overhead_p50_ms"]), round(over["overhead_p99_ms"])
     assert f"### Overhead: {p50} ms p50, {p99} ms p99 over the simulator" in notes
+
+
+def test_the_seeds_unanswered_callers_are_the_generators_errors() -> None:
+    """The findings say every unanswered caller of the seeds' run was a connection error (a
+    reset), none refused with a status: the recorded rows agree."""
+    saved, _ = _saved()
+    for row in saved["seeds"]["results"]:
+        assert row["refused"] == 0
+        assert row["sent"] - row["answered"] == row["errors"]
