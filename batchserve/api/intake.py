@@ -5,6 +5,7 @@ never a refusal, whatever the load is now."""
 from __future__ import annotations
 
 from batchserve.api.deadlines import refuse_if_hopeless
+from batchserve.api.quotas import Reservation
 from batchserve.api.services import ApiServices
 from batchserve.core.domain import RequestRecord, SubmitCommand, to_epoch
 from batchserve.core.errors import Overloaded
@@ -18,10 +19,16 @@ async def admit(services: ApiServices, caller: TenantRow, command: SubmitCommand
     # keeps microseconds, and a request stamped just below a snapshot of the same instant was
     # taken for one the snapshot had counted.
     checked_at = services.clock()
+    quotas = services.quotas
+    reservation: Reservation | None = None
     try:
-        await services.quotas.check(caller, command, now)
+        reservation = await quotas.check(caller, command, now)
         await refuse_if_hopeless(services.adapters.loadboard, command, checked_at, recent)
-    except Overloaded:
+    except BaseException as error:
+        if reservation is not None:
+            quotas.release(reservation)
+        if not isinstance(error, Overloaded):
+            raise
         original = await _original(services, command)
         if original is None:
             raise
@@ -29,12 +36,14 @@ async def admit(services: ApiServices, caller: TenantRow, command: SubmitCommand
     try:
         admission = await services.admitter.submit(command)
     except BaseException:
+        quotas.release(reservation)
         recent.discard(command.model, command.lane, checked_at)
         raise
     if admission.replayed:
+        quotas.release(reservation)
         recent.discard(command.model, command.lane, checked_at)
     else:
-        services.quotas.admitted(caller.name, command)
+        quotas.admitted(reservation)
     return admission
 
 

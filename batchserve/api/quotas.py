@@ -9,6 +9,11 @@ The queued counts come from the database once a second (one grouped query for ev
 plus what this process admitted since; with several API replicas a tenant may overshoot its
 quota by what the others admitted within that second. The rate bucket lives in Redis, shared
 by every replica, so the rate is exact.
+
+A check that passes reserves its place at once (no await between the comparison and the
+reservation), until the admission is through or has failed: requests checked together, a
+burst arriving in one instant, are counted against the bounds while they wait for their
+group commit, so the burst cannot pass them all.
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ import contextlib
 import math
 import time
 from collections import Counter
+from dataclasses import dataclass
 
 from batchserve.core.domain import Lane, SubmitCommand
 from batchserve.core.errors import Overloaded, QuotaExceeded, Unavailable
-from batchserve.core.loadboard import LoadBoard
+from batchserve.core.loadboard import LoadBoard, LoadSnapshot
 from batchserve.core.logs import get_logger
 from batchserve.core.ratelimit import RateLimiter
 from batchserve.core.settings import Settings
@@ -32,6 +38,15 @@ log = get_logger("batchserve.quotas")
 
 REFRESH_S = 1.0
 UNSEEN_S = 1.5  # the batcher's broker depth is refreshed every second
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What a passed check counts until its admission ends: an interactive request's place in
+    its tenant's unfinished requests and in its model's backlog (``None``: nothing counted)."""
+
+    tenant: str | None = None
+    model: str | None = None
 
 
 class Quotas:
@@ -47,6 +62,9 @@ class Quotas:
         # Per model, when this process admitted each of its latest interactive requests: the
         # batcher's snapshot may not show them yet (its broker depth is up to a second old).
         self._recent: dict[str, collections.deque[float]] = {}
+        # Checked and reserved, their admission not through yet: by tenant, and by model.
+        self._admitting: Counter[str] = Counter()
+        self._admitting_to: Counter[str] = Counter()
         self._refresher: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -58,18 +76,35 @@ class Quotas:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._refresher
 
-    async def check(self, tenant: TenantRow, command: SubmitCommand, now: float) -> None:
-        """Raise :class:`QuotaExceeded` or :class:`Overloaded` when ``command`` can't be taken."""
+    async def check(self, tenant: TenantRow, command: SubmitCommand, now: float) -> Reservation:
+        """Raise :class:`QuotaExceeded` or :class:`Overloaded` when ``command`` can't be taken;
+        else reserve its place: the caller ends the reservation with :meth:`admitted` or
+        :meth:`release`."""
         await self._check_rate(tenant)
-        if command.lane is Lane.INTERACTIVE:
-            self._check_queued(tenant)
-            await self._check_backlog(command.model, now)
+        if command.lane is not Lane.INTERACTIVE:
+            return Reservation()
+        snapshot = await self._board.fresh(command.model, now)
+        # From here to the reservation, no await: checks running together see each other.
+        self._check_queued(tenant)
+        self._check_backlog(command.model, snapshot)
+        self._admitting[tenant.name] += 1
+        self._admitting_to[command.model] += 1
+        return Reservation(tenant.name, command.model)
 
-    def admitted(self, tenant: str, command: SubmitCommand) -> None:
-        if command.lane is Lane.INTERACTIVE:
-            self._since_refresh[tenant] += 1
-            recent = self._recent.setdefault(command.model, collections.deque())
+    def admitted(self, reservation: Reservation) -> None:
+        """The reserved request is committed: counted as admitted since the last refresh."""
+        self.release(reservation)
+        if reservation.tenant is not None and reservation.model is not None:
+            self._since_refresh[reservation.tenant] += 1
+            recent = self._recent.setdefault(reservation.model, collections.deque())
             recent.append(time.monotonic())
+
+    def release(self, reservation: Reservation) -> None:
+        """The reserved request was not admitted (refused later, failed, or a replay)."""
+        if reservation.tenant is not None:
+            _decrement(self._admitting, reservation.tenant)
+        if reservation.model is not None:
+            _decrement(self._admitting_to, reservation.model)
 
     async def check_bulk(self, tenant: TenantRow, requests: int) -> None:
         """Refuse a bulk job that would put the tenant over its bulk requests in flight."""
@@ -102,7 +137,8 @@ class Quotas:
 
     def _check_queued(self, tenant: TenantRow) -> None:
         limit = tenant.max_queued or self._settings.tenant_max_queued
-        queued = self._queued.get(tenant.name, 0) + self._since_refresh[tenant.name]
+        name = tenant.name
+        queued = self._queued.get(name, 0) + self._since_refresh[name] + self._admitting[name]
         if queued >= limit:
             raise QuotaExceeded(
                 f"{queued} unfinished requests: the tenant's limit is {limit}",
@@ -112,9 +148,8 @@ class Quotas:
                 queued=queued,
             )
 
-    async def _check_backlog(self, model: str, now: float) -> None:
+    def _check_backlog(self, model: str, snapshot: LoadSnapshot | None) -> None:
         """The model's interactive backlog is bounded by ``max_queue_s`` of its capacity."""
-        snapshot = await self._board.fresh(model, now)
         if snapshot is None:
             return  # no word from the batcher: the queued quota still bounds each tenant
         recent = self._recent.get(model, collections.deque())
@@ -124,6 +159,7 @@ class Quotas:
         # Admitted lately and maybe not in the snapshot yet: counted (perhaps twice, which
         # errs on the side of the bound).
         backlog = snapshot.pending_interactive + max(snapshot.queued_interactive, len(recent))
+        backlog += self._admitting_to[model]  # checked, committing: in no count yet
         capacity = snapshot.slots * snapshot.max_batch_size / max(snapshot.batch_s, 1e-3)
         limit = max(self._settings.min_backlog, math.floor(capacity * self._settings.max_queue_s))
         if backlog < limit:
@@ -152,3 +188,10 @@ class Quotas:
                 self._queued = counts
                 self._since_refresh.clear()
             await asyncio.sleep(REFRESH_S)
+
+
+def _decrement(counter: Counter[str], key: str) -> None:
+    if counter[key] <= 1:
+        counter.pop(key, None)
+    else:
+        counter[key] -= 1
