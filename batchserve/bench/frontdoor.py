@@ -39,6 +39,8 @@ from batchserve.bench.stack import (
     percentile,
     server_cpu_per,
     server_cpu_s,
+    tcp_counters,
+    tcp_delta,
 )
 from batchserve.testing.deployment import free_port
 
@@ -162,7 +164,7 @@ async def _round(
 
     url = baseline.url if path == "baseline" else deployment.url
     cpu = baseline.cpu_s if path == "baseline" else deployment.cpu_s
-    before, servers_before = cpu(), server_cpu_s()
+    before, servers_before, tcp_before = cpu(), server_cpu_s(), tcp_counters()
     load = await open_loop(
         url,
         poisson_schedule(rate, duration_s, plan.seed),
@@ -171,7 +173,7 @@ async def _round(
         headers=None if path == "baseline" else deployment.headers,
         on_accepted=long_poll if path == "longpoll" else None,
     )
-    after, servers_after = cpu(), server_cpu_s()
+    after, servers_after, tcp_after = cpu(), server_cpu_s(), tcp_counters()
     latencies: list[float] = []
     finished: list[float] = []
     wrong = 0
@@ -208,6 +210,8 @@ async def _round(
         "cpu_ms_per_request": cpu_per(before, after, len(latencies)),
         # Postgres, RabbitMQ and Redis beside the roles (the baseline uses none of them).
         "server_cpu_ms_per_request": server_cpu_per(servers_before, servers_after, len(latencies)),
+        # Whether callers queued in the kernel before the service accepted them.
+        "tcp": tcp_delta(tcp_before, tcp_after),
     }
 
 

@@ -23,7 +23,14 @@ import orjson
 
 from batchserve.bench.jobs import get_job, job_uuid, start_job, wait_job
 from batchserve.bench.loadgen import Submitted, open_loop, poisson_schedule
-from batchserve.bench.stack import BenchDeployment, Variant, cpu_per, percentile
+from batchserve.bench.stack import (
+    BenchDeployment,
+    Variant,
+    cpu_per,
+    percentile,
+    tcp_counters,
+    tcp_delta,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +75,7 @@ async def _ingest_step(
     step_s: float | None = None,
 ) -> dict[str, Any]:
     step_s = step_s or plan.step_s
-    roles_before = deployment.cpu_s()
+    roles_before, tcp_before = deployment.cpu_s(), tcp_counters()
     cpu_started, wall_started = time.process_time(), time.perf_counter()
     load = await open_loop(
         deployment.url,
@@ -76,6 +83,7 @@ async def _ingest_step(
         lambda i: {"model": plan.variant.name, "input": f"ingest {seed} {i}"},
         headers=deployment.headers,
     )
+    tcp = tcp_delta(tcp_before, tcp_counters())
     wall_s = time.perf_counter() - wall_started
     loadgen_cpu = (time.process_time() - cpu_started) / wall_s
     latencies_ms = [s.latency_s * 1000.0 for s in load.submitted]
@@ -99,6 +107,7 @@ async def _ingest_step(
         "max_ms": round(max(latencies_ms), 2) if latencies_ms else math.nan,
         "loadgen_cpu": round(loadgen_cpu, 2),
         "cpu_ms_per_request": cpu_ms,
+        "tcp": tcp,
         "ok": bool(p99 <= plan.max_p99_ms and refused == 0 and load.errors == 0),
     }
 

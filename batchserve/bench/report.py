@@ -93,7 +93,7 @@ def render_ingest(doc: dict[str, Any], console: Console) -> None:
     table = _table(
         f"ingest: single submits, open loop ({doc['variant']}, batch {doc['max_batch_size']})",
         ["offered/s", "sent/s", "accepted", "refused", "errors", "p50 ms", "p99 ms", "max ms",
-         "loadgen cpu", f"p99 <= {doc['max_p99_ms']:g} ms"],
+         "loadgen cpu", "listen overflows", f"p99 <= {doc['max_p99_ms']:g} ms"],
     )  # fmt: skip
     for s in doc["steps"]:
         table.add_row(
@@ -106,6 +106,7 @@ def render_ingest(doc: dict[str, Any], console: Console) -> None:
             _ms(s["p99_ms"]),
             _ms(s["max_ms"]),
             f"{s['loadgen_cpu']:.0%}",
+            str(s.get("tcp", {}).get("listen_overflows", "")),
             "yes" if s["ok"] else "no",
         )
     console.print(table)
@@ -166,7 +167,8 @@ def render_frontdoor(doc: dict[str, Any], console: Console) -> None:
         f"{doc['batch_ms']:g} ms batches (ideal {doc['ideal_rps']:.0f}/s), "
         f"{doc['duration_s']:g} s a path and rate",
         ["offered/s", "path", "answered", "wrong", "refused", "p50 ms", "p99 ms", "served/s",
-         "CPU ms/request", "pg/mq/redis ms/request", "p50 over baseline", "p99 over baseline"],
+         "CPU ms/request", "pg/mq/redis ms/request", "listen overflows", "p50 over baseline",
+         "p99 over baseline"],
     )  # fmt: skip
     over = {(g["path"], g["offered_rps"]): g for g in doc["goals"]["latency"]}
     for r in doc["results"]:
@@ -182,6 +184,7 @@ def render_frontdoor(doc: dict[str, Any], console: Console) -> None:
             f"{r['served_rps']:.1f}",
             f"{sum(r['cpu_ms_per_request'].values()):.2f}",
             "/".join(f"{v:.2f}" for v in r.get("server_cpu_ms_per_request", {}).values()),
+            str(r.get("tcp", {}).get("listen_overflows", "")),
             "" if goal is None else f"{goal['p50_over_baseline_ms']:+.1f}",
             "" if goal is None else f"{goal['p99_over_baseline_ms']:+.1f}",
         )

@@ -313,6 +313,38 @@ class BenchDeployment:
         _delete_keys(self.settings, self.run)
 
 
+# The kernel's TCP counters a front door's rounds report (this host's, all sockets: a benchmark
+# runs alone): connections accepted, those dropped because a listener's accept queue was full
+# (the server did not accept as fast as callers connected: they wait on SYN retransmissions),
+# and established connections reset.
+TCP_COUNTERS = {
+    ("Tcp", "PassiveOpens"): "accepted",
+    ("TcpExt", "ListenOverflows"): "listen_overflows",
+    ("Tcp", "EstabResets"): "resets",
+}
+
+
+def tcp_counters() -> dict[str, int]:
+    """:data:`TCP_COUNTERS` now, from ``/proc/net/snmp`` and ``/proc/net/netstat``."""
+    found: dict[str, int] = {}
+    for table in ("/proc/net/snmp", "/proc/net/netstat"):
+        try:
+            lines = Path(table).read_text().splitlines()
+        except OSError:
+            continue
+        for names, values in zip(lines[::2], lines[1::2], strict=False):
+            group, _, header = names.partition(": ")
+            counts = dict(zip(header.split(), values.partition(": ")[2].split(), strict=False))
+            for (wanted, counter), name in TCP_COUNTERS.items():
+                if group == wanted and counter in counts:
+                    found[name] = int(counts[counter])
+    return found
+
+
+def tcp_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {name: after[name] - before.get(name, 0) for name in after}
+
+
 def _cpu_s(pid: int) -> float:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -95,6 +95,8 @@ def test_ingest_steps_through_rates(run_id: str, tmp_path: Path) -> None:
     for step in doc["steps"]:
         assert step["accepted"] + step["refused"] + step["errors"] == step["sent"] > 0
         assert 0 < step["p50_ms"] <= step["p99_ms"] <= step["max_ms"]
+        assert set(step["tcp"]) == {"accepted", "listen_overflows", "resets"}
+        assert step["tcp"]["accepted"] >= 1
     assert doc["max_rate_ok"] in (0, 40, 80)
 
 
@@ -202,6 +204,9 @@ def test_frontdoor_answers_every_caller_on_each_path_beside_the_baseline(
         assert set(servers) == {"postgres", "rabbitmq", "redis"} and min(servers.values()) >= 0
         if row["path"] != "baseline":  # every durable request is written to Postgres
             assert servers["postgres"] > 0, row
+        # The kernel's counters over the round (the host's): its callers' connections at least.
+        assert set(row["tcp"]) == {"accepted", "listen_overflows", "resets"}, row
+        assert row["tcp"]["accepted"] >= 1, row
     assert set(doc["results"][0]["cpu_ms_per_request"]) == {"baseline"}
     assert {"api", "batcher", "worker"} <= set(doc["results"][1]["cpu_ms_per_request"])
     latency = doc["goals"]["latency"]

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import time
 
 from aiohttp import web
 
 from batchserve.bench.baseline import InProcessBatcher
 from batchserve.bench.frontdoor import judge
 from batchserve.bench.loadgen import open_loop
+from batchserve.bench.stack import tcp_counters, tcp_delta
 from batchserve.testing.deployment import free_port
 
 
@@ -100,3 +103,33 @@ async def test_the_load_generator_is_open_loop_past_any_connection_count() -> No
         await runner.cleanup()
     assert len(result.accepted) == total and result.errors == 0
     assert peak == total
+
+
+def test_the_rounds_count_callers_the_kernel_queued_past_a_full_accept_queue() -> None:
+    """A listener that never accepts, with room for one waiting connection, and eight callers:
+    the kernel's counters the front door's rounds report show the overflow (they are the
+    host's, so others' traffic can only add to them)."""
+    before = tcp_counters()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    callers = []
+    try:
+        for _ in range(8):
+            caller = socket.socket()
+            caller.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                caller.connect(listener.getsockname())
+            callers.append(caller)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            delta = tcp_delta(before, tcp_counters())
+            if delta["listen_overflows"] >= 1:
+                break
+            time.sleep(0.05)
+    finally:
+        for caller in callers:
+            caller.close()
+        listener.close()
+    assert set(delta) == {"accepted", "listen_overflows", "resets"}
+    assert delta["listen_overflows"] >= 1 and delta["accepted"] >= 1
