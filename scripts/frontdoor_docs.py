@@ -1065,8 +1065,12 @@ through the statements pool (section 5).
 **The long-poll path collapses past its knee.** Offered 300/s in the strict open loop, it
 served {collapse} (p50 {collapse_p50} ms) in the run above while the synchronous path kept up.
 The roles' CPU stayed under a core, but the load generator, now holding a connection for every
-caller still waiting, shares the same two cores and its CPU is not measured: the cause is not
-diagnosed. With the generator's old 256-connection pool throttling the callers, the same code
+caller still waiting, shares the same two cores and its CPU is not measured: the cause was not
+diagnosed in that run. The same collapse further past the knee (the seeds' deployment at
+1,000/s, [benchmarks.md](benchmarks.md)'s front door findings) was: the rounds now count the
+kernel's listen overflows, and there the API's accept queue stood full, callers waited on SYN
+retransmissions and some were reset, while the machine's two cores ran out at a few hundred
+long-poll callers a second. With the generator's old 256-connection pool throttling the callers, the same code
 served {capped}. On the second machine (Intel Xeon) a full frontdoor run of bac46b2, before
 section 4's change, did not collapse: at 300/s the long-poll path served {rerun_longpoll}/s
 (p50 {rerun_p50} ms) and the synchronous one {rerun_sync}/s, {rerun_ratio} and
