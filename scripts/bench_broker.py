@@ -25,16 +25,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import secrets
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import aio_pika
+from benchmarks_docs import machine as benchmarks_machine
 
-from batchserve.bench.stack import server_cpu_per, server_cpu_s
+from batchserve.bench.stack import percentile, server_cpu_per, server_cpu_s
 from batchserve.core.broker import QUEUE_ARGUMENTS
 from batchserve.core.domain import Lane, QueueMessage
 from batchserve.core.settings import load_settings
@@ -61,8 +60,7 @@ def _body(n: int) -> bytes:
 
 
 def _ms(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000.0, 2)
+    return round(percentile(values, q) * 1000.0, 2)
 
 
 async def one_round(url: str, kind: str, rate: float, seconds: float) -> dict[str, Any]:
@@ -148,15 +146,8 @@ def summarize(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def machine() -> dict[str, Any]:
     """The CPU these figures belong to (they move between machines) and when they were taken."""
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        "unknown",
-    )
-    return {"cpu": model, "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d")}
+    host = benchmarks_machine()
+    return {"cpu": host["cpu"], "cores": host["cores"], "date": host["when"][:10]}
 
 
 async def main() -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 from benchmarks_streaming import streaming_md, verdict_rows
-from frontdoor_docs import cpu_table, over
+from frontdoor_docs import at, cpu_table, over, roles_cpu, worst_gap
 from md_table import table
 
 from batchserve.bench.frontdoor import GOAL_P50_MS, GOAL_P99_MS, GOAL_RATES
@@ -296,14 +296,11 @@ def seeds_md(doc: dict[str, Any]) -> str:
 def frontdoor_verdicts(front: dict[str, Any], seeds: dict[str, Any] | None) -> list[list[str]]:
     """The front door's goals: latency over the in-process baseline, served through HTTP, the
     seeds' deployment answered, and the roles' CPU a request (ingest is its own row)."""
-    judged = [g for g in front["goals"]["latency"] if g["offered_rps"] in GOAL_RATES]
-    p50 = max(g["p50_over_baseline_ms"] for g in judged)
-    p99 = max(g["p99_over_baseline_ms"] for g in judged)
+    p50, p99 = worst_gap(front)
     served = front["goals"]["served_vs_ideal"]
     ideal = 10.0 * front["workers"] * front["max_batch_size"]
-    at_100 = {r["path"]: r for r in front["results"] if r["offered_rps"] == 100.0}
-    roles = {p: sum(at_100[p]["cpu_ms_per_request"].values()) for p in ("longpoll", "sync")}
-    servers = {p: sum(at_100[p]["server_cpu_ms_per_request"].values()) for p in roles}
+    roles = {p: roles_cpu(front, p) for p in ("longpoll", "sync")}
+    servers = {p: sum(at(front, 100.0, p)["server_cpu_ms_per_request"].values()) for p in roles}
     rows = [
         [
             "front door over an in-process batcher at "

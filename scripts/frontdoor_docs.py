@@ -835,7 +835,9 @@ def broker_table(doc: dict[str, Any]) -> str:
 
 def broker_verdict(doc: dict[str, Any]) -> dict[str, str]:
     low, high = 100.0, 1000.0
-    quorum, classic, transient = (broker_median(doc, k, low) for k in KIND_ORDER)
+    quorum, classic, transient = (
+        broker_median(doc, kind, low) for kind in ("quorum", "classic", "transient")
+    )
     saved = {
         rate: 1.0 - broker_median(doc, "classic", rate) / broker_median(doc, "quorum", rate)
         for rate in (low, high)
@@ -852,8 +854,6 @@ def broker_verdict(doc: dict[str, Any]) -> dict[str, str]:
         "transient_high": f"{broker_median(doc, 'transient', high):g}",
     }
 
-
-KIND_ORDER = ("quorum", "classic", "transient")
 
 INTRO = """# The front door against an in-process batcher
 
