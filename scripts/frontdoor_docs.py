@@ -638,6 +638,10 @@ def main() -> None:
     broker = load("frontdoor-broker.json")
     print(BROKER.format(**broker_verdict(broker)))
     print(broker_table(broker))
+    marks = load("frontdoor-marks-ab.json")
+    print(MARKS.format(code=marks["code"]["every request"], machine=marks["machine_note"]))
+    print(ab_verdict(marks_lower(marks)) + "\n")
+    print(marks_table(marks))
     print(EARLIER)
 
 
@@ -812,6 +816,21 @@ def topics_widest_gap(doc: dict[str, Any]) -> float:
 
 def topics_table(doc: dict[str, Any]) -> str:
     return ab_table(doc, "events", "events", ("api", "batcher", "worker"))
+
+
+def marks_lower(doc: dict[str, Any]) -> dict[str, list[str]]:
+    return ab_lower(doc, "marks", "queued only", "every request", MARK_FIGURES)
+
+
+def marks_table(doc: dict[str, Any]) -> str:
+    return ab_table(doc, "marks", "marked", ("api", "batcher", "worker"))
+
+
+MARK_FIGURES = (
+    "the API's CPU a request",
+    "Postgres's CPU a request",
+    "p50",
+)
 
 
 def broker_median(doc: dict[str, Any], kind: str, rate: float) -> float:
@@ -1226,6 +1245,24 @@ EARLIER = """
    10 more connections: longpoll 665.7 and 605.3 against 1890.2 and 3681.9, sync 365.4 and 416.6
    against 1070.4 and 2417.2; the baseline the same in all four (159-162). Tests:
    `tests/integration/test_db_pool.py`."""
+
+
+MARKS = """
+### A request is marked published only while it is still queued
+
+Once the broker has a group's messages, the API records it on their rows (`published_at`), so
+that maintenance publishes again only requests the broker never had. It marked every request,
+50 ms after its publish, through SQLAlchemy: one more statement and one more row version a
+request, though an interactive request has mostly been claimed by then, and a claimed request
+needs no mark (maintenance republishes only queued ones; a requeue clears the mark and
+publishes again). Now the mark covers only requests still queued, runs every 0.5 s (a tenth of
+`REPUBLISH_AFTER_S` at most), and goes through the statements pool: at low load it writes
+almost nothing. Test: `tests/integration/test_store.py::test_only_requests_still_queued_are_marked_published`.
+
+Three alternating runs of the same frontdoor command at 100/s, the landed main ({code}: every
+request marked) against this change ({machine}; [frontdoor-marks-ab.json](frontdoor-marks-ab.json)).
+Where every run of one way was below every run of the other:
+"""
 
 
 if __name__ == "__main__":

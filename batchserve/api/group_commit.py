@@ -50,6 +50,7 @@ class Admitter:
         *,
         max_group: int = 512,
         max_inflight_flushes: int = 4,
+        mark_every_s: float = 0.5,
         faults: frozenset[str] = frozenset(),
     ) -> None:
         self._store = store
@@ -62,6 +63,7 @@ class Admitter:
         self._admitting: set[tuple[str, str]] = set()
         self._kick = asyncio.Event()
         self._published: list[tuple[list[str], float]] = []  # ids and when they were published
+        self._mark_every_s = mark_every_s
         self._published_kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.broker_healthy = True
@@ -180,7 +182,10 @@ class Admitter:
     async def _mark_published_forever(self) -> None:
         while True:
             await self._published_kick.wait()
-            await asyncio.sleep(0.05)  # let a few groups accumulate
+            # Let groups accumulate: only requests still queued are marked (those the batcher
+            # has claimed need no mark), so by the time the mark runs most of an interactive
+            # group has left the queue and the statement writes nothing for it.
+            await asyncio.sleep(self._mark_every_s)
             self._published_kick.clear()
             groups, self._published = self._published, []
             try:

@@ -59,7 +59,13 @@ class ApiServices:
             pool_size=settings.api_db_pool_size,
             max_overflow=settings.api_db_max_overflow,
         )
-        admitter = Admitter(adapters.store, adapters.queue, faults=settings.fault_points)
+        admitter = Admitter(
+            adapters.store,
+            adapters.queue,
+            # Well within the time after which maintenance publishes an unmarked request again.
+            mark_every_s=min(0.5, settings.republish_after_s / 10),
+            faults=settings.fault_points,
+        )
         waiters = Waiters(adapters.events)
         secrets = WebhookSecrets(
             adapters.store,

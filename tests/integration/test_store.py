@@ -755,6 +755,22 @@ async def test_groups_marked_published_together_keep_their_own_times(store: JobS
     assert marked == {first: 1_000_000.0, second: 2_000_000.0, never: None}
 
 
+async def test_only_requests_still_queued_are_marked_published(store: JobStore) -> None:
+    """A claimed request needs no mark (maintenance republishes only queued ones, and a requeue
+    clears the mark), so marking it would be a write for nothing."""
+    claimed, queued = await submit(store, command("c"), command("q"))
+    await claim(store, [claimed])
+    await store.mark_published_groups([([claimed, queued], 1_000_000.0)])
+    from sqlalchemy import select
+
+    from batchserve.core.tables import requests_table
+
+    async with store.engine.connect() as conn:
+        rows = await conn.execute(select(requests_table.c.id, requests_table.c.published_at))
+        marked = {str(i): at.timestamp() if at else None for i, at in rows}
+    assert marked == {claimed: None, queued: 1_000_000.0}
+
+
 async def test_marking_published_skips_a_row_another_transaction_holds(database_url: str) -> None:
     """A claim or a result write holding a row must not make the mark wait: waiting on rows
     they lock in another order was a deadlock (seen in the rolling-restart chaos test)."""

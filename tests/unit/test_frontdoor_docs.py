@@ -405,3 +405,24 @@ def test_the_broker_section_reads_its_recorded_rounds() -> None:
     assert median(doc, "quorum", 1000.0) < median(doc, "quorum", 100.0)
     assert "What RabbitMQ spends a request's message" in DOC
     assert f"a median {median(doc, 'quorum', 100.0):g} ms of CPU a message" in PROSE
+
+
+def test_marking_only_queued_requests_lowered_the_api_and_postgres_cpu() -> None:
+    """The section's reading of its alternating runs: every run marking only queued requests
+    spent less of the API's and of Postgres's CPU a request than every run marking all, on both
+    paths, every caller answered with its own answer."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import frontdoor_docs
+
+    doc = _run("frontdoor-marks-ab.json")
+    assert [run["marks"] for run in doc["runs"]] == ["every request", "queued only"] * 3
+    assert all(
+        r["answered"] == r["sent"] and not r["wrong"] for run in doc["runs"] for r in run["results"]
+    )
+    lower = frontdoor_docs.marks_lower(doc)
+    for figure in ("the API's CPU a request", "Postgres's CPU a request"):
+        assert lower[figure] == [
+            "lower with queued only: longpoll at 100/s",
+            "lower with queued only: sync at 100/s",
+        ]
+    assert "A request is marked published only while it is still queued" in DOC

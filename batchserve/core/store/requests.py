@@ -177,7 +177,10 @@ class RequestVerbs(StoreBase):
         await self.mark_published_groups([(ids, now or deployment_time())])
 
     async def mark_published_groups(self, groups: Sequence[tuple[Sequence[str], float]]) -> None:
-        """Record when each group of messages reached the broker, in one transaction.
+        """Record when each group of messages reached the broker, in one transaction. Only
+        requests still queued are marked: maintenance republishes queued requests left
+        unmarked, and a requeue clears the mark, so one already claimed needs none (and an
+        interactive request is often answered before its mark would be written).
 
         On Postgres a row another transaction holds is skipped, not waited for: it is being
         claimed, answered or requeued, so the batcher already had it (a requeue publishes and
@@ -191,6 +194,9 @@ class RequestVerbs(StoreBase):
         if self._postgres:  # every group in one statement of constant text
             ids = [uuid.UUID(i) for group, _ in groups for i in group]
             ats = [from_epoch(at) for group, at in groups for _ in group]
+            if self.statements is not None:
+                await self.statements.fetchall(_MARK_PUBLISHED_PSYCOPG, {"ids": ids, "ats": ats})
+                return
             async with autocommit(self.engine) as conn:
                 await conn.execute(_MARK_PUBLISHED_PG, {"ids": ids, "ats": ats})
             return
@@ -199,6 +205,7 @@ class RequestVerbs(StoreBase):
                 await conn.execute(
                     update(requests_t)
                     .where(requests_t.c.id.in_([uuid.UUID(i) for i in group]))
+                    .where(requests_t.c.state == S.QUEUED.value)
                     .where(requests_t.c.published_at.is_(None))
                     .values(published_at=from_epoch(at))
                 )
@@ -461,10 +468,12 @@ _GET_OF_TENANT_PSYCOPG = _GET_PSYCOPG + " AND tenant = %(tenant)s"
 
 # The rows to mark are locked with SKIP LOCKED first (see mark_published_groups); an id given
 # twice gets one of its times.
-_MARK_PUBLISHED_PG = text(
+_MARK_PUBLISHED = (
     "UPDATE requests AS r SET published_at = m.at"
-    " FROM unnest(CAST(:ids AS uuid[]), CAST(:ats AS timestamptz[])) AS m(id, at)"
+    " FROM unnest(CAST({ids} AS uuid[]), CAST({ats} AS timestamptz[])) AS m(id, at)"
     " WHERE r.id = m.id AND r.id IN ("
-    "SELECT id FROM requests WHERE id = ANY(CAST(:ids AS uuid[])) AND published_at IS NULL"
-    " FOR UPDATE SKIP LOCKED)"
+    "SELECT id FROM requests WHERE id = ANY(CAST({ids} AS uuid[]))"
+    " AND state = 'queued' AND published_at IS NULL FOR UPDATE SKIP LOCKED)"
 )
+_MARK_PUBLISHED_PG = text(_MARK_PUBLISHED.format(ids=":ids", ats=":ats"))
+_MARK_PUBLISHED_PSYCOPG = _MARK_PUBLISHED.format(ids="%(ids)s", ats="%(ats)s")
