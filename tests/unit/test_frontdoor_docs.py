@@ -426,3 +426,23 @@ def test_marking_only_queued_requests_lowered_the_api_and_postgres_cpu() -> None
             "lower with queued only: sync at 100/s",
         ]
     assert "A request is marked published only while it is still queued" in DOC
+
+
+def test_single_submits_read_no_difference_from_marking_only_queued_requests() -> None:
+    """The ingest runs' reading: the first two pairs kept 750/s within p99 50 ms only with the
+    change, the last two neither way, and no run kept 1,000/s."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import frontdoor_docs
+
+    doc = _run("frontdoor-marks-ingest-ab.json")
+    assert [run["marks"] for run in doc["runs"]] == ["every request", "queued only"] * 4
+
+    def ok_at_750(run: dict[str, Any]) -> bool:
+        return next(s["ok"] for s in run["steps"] if s["rate"] == 750.0)
+
+    assert [ok_at_750(run) for run in doc["runs"]] == [False, True] * 2 + [False, False] * 2
+    assert not any(s["ok"] for run in doc["runs"] for s in run["steps"] if s["rate"] >= 1000)
+    assert all(s["errors"] == 0 for run in doc["runs"] for s in run["steps"])
+    verdict = frontdoor_docs.marks_ingest_verdict(doc)
+    assert f"{verdict['best_old']}/s marking every request, {verdict['best_new']}/s" in PROSE
+    assert "not a difference these runs show" in PROSE
