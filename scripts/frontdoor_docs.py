@@ -1300,7 +1300,9 @@ request, though an interactive request has mostly been claimed by then, and a cl
 needs no mark (maintenance republishes only queued ones; a requeue clears the mark and
 publishes again). Now the mark covers only requests still queued, runs every 0.5 s (a tenth of
 `REPUBLISH_AFTER_S` at most), and goes through the statements pool: at low load it writes
-almost nothing. Test: `tests/integration/test_store.py::test_only_requests_still_queued_are_marked_published`.
+almost nothing. Tests: `tests/integration/test_store.py::test_only_requests_still_queued_are_marked_published`,
+and a request left queued is still marked within the interval
+(`tests/integration/test_graceful.py::test_the_admitter_marks_a_request_left_queued_within_its_interval`).
 
 Three alternating runs of the same frontdoor command at 100/s, the landed main ({code}: every
 request marked) against this change ({machine}; [frontdoor-marks-ab.json](frontdoor-marks-ab.json)).

@@ -121,6 +121,25 @@ async def test_the_admitter_commits_and_publishes_everything_it_took_before_stop
     assert sorted(received) == sorted(str(a.record.id) for a in admitted)
 
 
+async def test_the_admitter_marks_a_request_left_queued_within_its_interval(
+    adapters: Adapters,
+) -> None:
+    """A request nobody claims is marked published while the admitter runs, well before
+    maintenance would publish it again: the mark covers queued requests, every interval."""
+    admitter = Admitter(adapters.store, adapters.queue, mark_every_s=0.2)
+    admitter.start()
+    try:
+        admitted = await admitter.submit(command("left queued"))
+        request_id = str(admitted.record.id)
+        started = time.monotonic()
+        while request_id in {u.id for u in await adapters.store.unpublished(time.time() + 60)}:
+            assert time.monotonic() - started < 5.0, "not marked published"
+            await asyncio.sleep(0.02)
+        assert time.monotonic() - started >= 0.1  # not before the interval gathered it
+    finally:
+        await admitter.stop()
+
+
 class StuckQueue:
     """A broker whose publish never completes (a channel that never reopens, confirms that
     never come): what the admitter must not make its callers wait on."""
