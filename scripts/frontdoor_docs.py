@@ -155,9 +155,10 @@ def cpu_table(run: dict[str, Any]) -> str:
     return table(["at 100/s", "roles", *ROLES, *SERVERS], rows)
 
 
-def ingest_table(now: dict[str, Any], before: dict[str, Any]) -> str:
+def ingest_table(runs: list[tuple[str, dict[str, Any]]]) -> str:
+    """Each step of each labelled ingest run."""
     rows = []
-    for label, run in (("before", before), ("now", now)):
+    for label, run in runs:
         for step in run["steps"]:
             rows.append(
                 [
@@ -576,7 +577,7 @@ def main() -> None:
     print("\nBefore:\n")
     print(cpu_table(before))
     print(INGEST_INTRO)
-    print(ingest_table(ingest, ingest_before))
+    print(ingest_table([("before", ingest_before), ("now", ingest)]))
     print(CHANGES.format(count=statements["count"]))
     print(statements_table(statements))
     print(LEAD)
@@ -830,21 +831,7 @@ def marks_table(doc: dict[str, Any]) -> str:
 
 
 def marks_ingest_table(doc: dict[str, Any]) -> str:
-    rows = [
-        [
-            number,
-            run["marks"],
-            f"{step['rate']:g}",
-            step["accepted"],
-            step["p50_ms"],
-            step["p99_ms"],
-            "yes" if step["ok"] else "no",
-        ]
-        for number, run in enumerate(doc["runs"], 1)
-        for step in run["steps"]
-    ]
-    headers = ["run", "marked", "offered/s", "accepted", "p50 ms", "p99 ms", "p99 ≤ 50 ms"]
-    return table(headers, rows)
+    return ingest_table([(f"{n}, {run['marks']}", run) for n, run in enumerate(doc["runs"], 1)])
 
 
 def marks_ingest_verdict(doc: dict[str, Any]) -> dict[str, str]:

@@ -25,6 +25,8 @@ from batchserve.core.store import Admission, JobStore
 log = get_logger("batchserve.admission")
 
 _Waiting = tuple[SubmitCommand, "asyncio.Future[Admission]"]
+# How often requests still queued are marked published, at most (see _mark_published_forever).
+MARK_EVERY_S = 0.5
 
 
 def _observe_admitted(admissions: Sequence[Admission]) -> None:
@@ -50,7 +52,7 @@ class Admitter:
         *,
         max_group: int = 512,
         max_inflight_flushes: int = 4,
-        mark_every_s: float = 0.5,
+        mark_every_s: float = MARK_EVERY_S,
         faults: frozenset[str] = frozenset(),
     ) -> None:
         self._store = store

@@ -9,7 +9,7 @@ from datetime import datetime
 
 from batchserve.api.auth import KeyRing
 from batchserve.api.deadlines import RecentAdmissions
-from batchserve.api.group_commit import Admitter
+from batchserve.api.group_commit import MARK_EVERY_S, Admitter
 from batchserve.api.quotas import Quotas
 from batchserve.api.waiters import Waiters
 from batchserve.core.clock import deployment_time
@@ -63,7 +63,7 @@ class ApiServices:
             adapters.store,
             adapters.queue,
             # Well within the time after which maintenance publishes an unmarked request again.
-            mark_every_s=min(0.5, settings.republish_after_s / 10),
+            mark_every_s=min(MARK_EVERY_S, settings.republish_after_s / 10),
             faults=settings.fault_points,
         )
         waiters = Waiters(adapters.events)

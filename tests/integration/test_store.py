@@ -745,14 +745,7 @@ async def test_groups_marked_published_together_keep_their_own_times(store: JobS
     first, second, never = await submit(store, command("1"), command("2"), command("n"))
     await store.mark_published_groups([([first], 1_000_000.0), ([second], 2_000_000.0)])
     await store.mark_published_groups([([first], 3_000_000.0)])  # marked already: kept
-    from sqlalchemy import select
-
-    from batchserve.core.tables import requests_table
-
-    async with store.engine.connect() as conn:
-        rows = await conn.execute(select(requests_table.c.id, requests_table.c.published_at))
-        marked = {str(i): at.timestamp() if at else None for i, at in rows}
-    assert marked == {first: 1_000_000.0, second: 2_000_000.0, never: None}
+    assert await published_times(store) == {first: 1_000_000.0, second: 2_000_000.0, never: None}
 
 
 async def test_only_requests_still_queued_are_marked_published(store: JobStore) -> None:
@@ -761,14 +754,16 @@ async def test_only_requests_still_queued_are_marked_published(store: JobStore) 
     claimed, queued = await submit(store, command("c"), command("q"))
     await claim(store, [claimed])
     await store.mark_published_groups([([claimed, queued], 1_000_000.0)])
-    from sqlalchemy import select
+    assert await published_times(store) == {claimed: None, queued: 1_000_000.0}
 
-    from batchserve.core.tables import requests_table
+
+async def published_times(store: JobStore) -> dict[str, float | None]:
+    """Each request's ``published_at`` (epoch seconds; None while unmarked)."""
+    from sqlalchemy import select
 
     async with store.engine.connect() as conn:
         rows = await conn.execute(select(requests_table.c.id, requests_table.c.published_at))
-        marked = {str(i): at.timestamp() if at else None for i, at in rows}
-    assert marked == {claimed: None, queued: 1_000_000.0}
+        return {str(i): at.timestamp() if at else None for i, at in rows}
 
 
 async def test_marking_published_skips_a_row_another_transaction_holds(database_url: str) -> None:
