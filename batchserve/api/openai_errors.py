@@ -15,9 +15,9 @@ from typing import Any
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from batchserve.api.lean import LeanRoute
 from batchserve.api.openai_schemas import input_name, openai_field, openai_param
 from batchserve.api.responses import JSON
 from batchserve.api.statuses import error_body, status_of
@@ -106,7 +106,7 @@ def validation_response(error: RequestValidationError, *, input_name: str = "pro
     return openai_error(400, message, code="invalid_value", param=param)
 
 
-class OpenAIRoute(APIRoute):
+class OpenAIRoute(LeanRoute):
     """A route whose errors leave in OpenAI's shape instead of problem+json."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from batchserve.api.deps import Services, get_caller
+from batchserve.api.lean import LeanRoute
 from batchserve.api.responses import JSON
 from batchserve.api.schemas import ModelList, ModelOut, dump
 from batchserve.api.submission import resolve_model
@@ -13,7 +14,9 @@ from batchserve.models.embedding import dimensions_of
 from batchserve.models.plugins import is_embedding, plugin_for
 from batchserve.models.registry import ModelSpec
 
-router = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[Depends(get_caller)])
+router = APIRouter(
+    prefix="/v1/models", tags=["models"], route_class=LeanRoute, dependencies=[Depends(get_caller)]
+)
 
 
 def _model_out(spec: ModelSpec, snapshot: LoadSnapshot | None) -> ModelOut:

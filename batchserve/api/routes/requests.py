@@ -12,6 +12,7 @@ from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from batchserve.api.deps import Caller, IdempotencyKey, Services, Tenant, get_caller
 from batchserve.api.intake import admit
+from batchserve.api.lean import LeanRoute
 from batchserve.api.polling import read_or_wait, read_request
 from batchserve.api.responses import JSON
 from batchserve.api.schemas import RequestList, RequestOut, SubmitRequest, dump
@@ -21,7 +22,12 @@ from batchserve.api.submission import build_command, exact_prompt_tokens
 from batchserve.core.domain import RequestRecord, RequestState
 from batchserve.core.errors import InvalidInput
 
-router = APIRouter(prefix="/v1/requests", tags=["requests"], dependencies=[Depends(get_caller)])
+router = APIRouter(
+    prefix="/v1/requests",
+    tags=["requests"],
+    route_class=LeanRoute,
+    dependencies=[Depends(get_caller)],
+)
 
 
 @router.post(

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path
 
 from batchserve.api.deps import Services, Tenant, get_caller
+from batchserve.api.lean import LeanRoute
 from batchserve.api.responses import JSON
 from batchserve.api.schemas import (
     DeliveryList,
@@ -20,7 +21,7 @@ from batchserve.api.schemas import (
 from batchserve.core.errors import NotFound
 from batchserve.core.webhook_secrets import NewSecret, SecretInfo
 
-router = APIRouter(tags=["webhooks"], dependencies=[Depends(get_caller)])
+router = APIRouter(tags=["webhooks"], route_class=LeanRoute, dependencies=[Depends(get_caller)])
 
 DeliveryId = Annotated[str, Path(min_length=1, max_length=40)]
 
