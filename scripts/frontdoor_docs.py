@@ -665,6 +665,20 @@ def main() -> None:
             [(f"{n}, {run['routes']}", run) for n, run in enumerate(lean_ingest["runs"], 1)]
         )
     )
+    unread = load("frontdoor-unread-ab.json")
+    xacts = unread["transactions"]["runs"]
+    print(
+        UNREAD.format(
+            code=unread["code"]["read first"],
+            machine=unread["machine_note"],
+            xacts_old=xacts["read first"]["transactions"],
+            xacts_new=xacts["no first read"]["transactions"],
+            longpolls=xacts["no first read"]["answered"]["longpoll"],
+            syncs=xacts["no first read"]["answered"]["sync"],
+        )
+    )
+    print(ab_verdict(unread_lower(unread)) + "\n")
+    print(unread_table(unread))
     print(EARLIER)
 
 
@@ -905,6 +919,21 @@ def lean_ingest_verdict(doc: dict[str, Any]) -> dict[str, str]:
     below = max(map(float, new.split(", "))) < min(map(float, old.split(", ")))
     reading = "every lean run below every other" if below else "the runs overlap"
     return {"api_old": old, "api_new": new, "reading": reading}
+
+
+UNREAD_FIGURES = (
+    "the API's CPU a request",
+    "Postgres's CPU a request",
+    "p50",
+)
+
+
+def unread_lower(doc: dict[str, Any]) -> dict[str, list[str]]:
+    return ab_lower(doc, "long_poll", "no first read", "read first", UNREAD_FIGURES)
+
+
+def unread_table(doc: dict[str, Any]) -> str:
+    return ab_table(doc, "long_poll", "long-poll", ("api", "batcher", "worker"))
 
 
 MARK_FIGURES = (
@@ -1395,6 +1424,33 @@ of `batchserve bench --scenario ingest --rates 500 --step-s 10`
 ([frontdoor-lean-ingest-ab.json](frontdoor-lean-ingest-ab.json)). The API's CPU a submit:
 {api_old} ms with FastAPI's handler, {api_new} ms lean ({reading}). The p99s of this slower machine spread
 too widely (a busy moment moves them by hundreds of ms) to read anything from them.
+"""
+
+
+UNREAD = """
+### A long-poll for a request admitted here waits without reading it first
+
+A long-poll subscribes, then reads the request, then waits: the read catches an end announced
+before it subscribed. The synchronous route needs no such read (it watches the request from
+before its admission); now the long-poll path mostly does not either. The API's waiters
+remember, for 30 s, each request their process admits (from before its commit) and whether an
+end of it has been announced since; a reconnect of the event subscription, when announcements
+may have been lost, forgets them all. A long-poll until the end of such a request, with no end
+announced, waits for the announcement (which carries the request) without reading; any other
+long-poll (another API process, later than 30 s, `until=change`, an end already heard, another
+tenant's id) reads first, as before. An end committed but never announced (a worker that
+cannot reach Redis while this process can) is answered when the wait ends, as a caller already
+waiting is answered today. Tests: `tests/unit/test_waiters.py` and
+`tests/integration/test_api.py::test_a_long_poll_for_a_request_admitted_here_reads_nothing_until_its_end`,
+`::test_a_long_poll_reads_first_where_an_end_could_have_gone_unheard`.
+
+Postgres's transactions over a frontdoor run at 100/s, one run each way with `--keep`
+(`xact_commit` of the run's database, every path; [frontdoor-unread-ab.json](frontdoor-unread-ab.json)):
+{xacts_old:,} reading first, {xacts_new:,} without, for {longpolls:,} long-poll and {syncs:,}
+synchronous requests: one statement fewer a long-poll. Three alternating runs of the frontdoor
+command at 100 and 200/s, the landed main ({code}) against this change ({machine}). Where every
+run of one way was below every run of the other (the CPU of one read is less than these runs
+spread):
 """
 
 

@@ -33,13 +33,18 @@ async def admit(services: ApiServices, caller: TenantRow, command: SubmitCommand
         if original is None:
             raise
         return Admission(record=original, replayed=True, message=None)
+    # Remembered before the commit, so the end of the request cannot be announced unheard.
+    request_id = str(command.id)
+    services.waiters.expect(request_id, command.tenant)
     try:
         admission = await services.admitter.submit(command)
     except BaseException:
+        services.waiters.forget(request_id)
         quotas.release(reservation)
         recent.discard(command.model, command.lane, checked_at)
         raise
     if admission.replayed:
+        services.waiters.forget(request_id)  # the answer is another request, not this one
         quotas.release(reservation)
         recent.discard(command.model, command.lane, checked_at)
     else:

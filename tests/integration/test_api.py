@@ -244,3 +244,55 @@ async def test_nul_characters_are_refused_by_name_and_create_nothing(
     listed = await client.get("/v1/requests", params={"model": "\x00x"})
     assert listed.status_code == 400 and listed.json()["field"] == "url"
     assert await count_rows(app) == 0
+
+
+async def test_a_long_poll_for_a_request_admitted_here_reads_nothing_until_its_end(
+    client: httpx.AsyncClient, app: FastAPI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Submit, then long-poll: the API process that admitted the request knows no end of it
+    has been announced, so the wait starts without reading Postgres and is answered from the
+    results' notification; the answer is what a read gives."""
+    store, reads = store_of(app), []
+    read = store.get
+
+    async def counted(request_id: uuid.UUID, tenant: str | None = None) -> Any:
+        reads.append(request_id)
+        return await read(request_id, tenant)
+
+    monkeypatch.setattr(store, "get", counted)
+    submitted = (await client.post("/v1/requests", json=body())).json()["id"]
+    poll = asyncio.create_task(client.get(f"/v1/requests/{submitted}", params={"wait": 20}))
+    ids = await wait_for_rows(app, 1)
+    await asyncio.sleep(0.3)
+    assert not poll.done() and reads == []
+    await complete(store, ids, output="done")
+    polled = await poll
+    assert polled.status_code == 200 and polled.json()["status"] == "succeeded"
+    assert reads == []
+    assert (await client.get(f"/v1/requests/{submitted}")).json() == polled.json()
+
+
+async def test_a_long_poll_reads_first_where_an_end_could_have_gone_unheard(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    """A request that ended before its long-poll came answers at once (its end was heard);
+    one this process no longer remembers (a reconnect forgets them all, as announcements may
+    have been lost) is read first, and found ended; a wait for any change reads first too.
+    Waiting for an announcement in either case would take the whole 20 s."""
+    store = store_of(app)
+    waiters = app.state.services.waiters
+    first = (await client.post("/v1/requests", json=body())).json()["id"]
+    await complete(store, [first], output="one")
+    await asyncio.sleep(0.3)  # its end is heard here before the long-poll comes
+    started = time.monotonic()
+    answer = await client.get(f"/v1/requests/{first}", params={"wait": 20})
+    assert answer.json()["status"] == "succeeded" and time.monotonic() - started < 5
+    second = (await client.post("/v1/requests", json=body(input="two"))).json()["id"]
+    changed = await client.get(f"/v1/requests/{second}", params={"wait": 0.2, "until": "change"})
+    assert changed.json()["status"] == "queued"
+    waiters.forget(second)  # as a reconnect forgets every admission
+    await complete(store, [second], output="two")
+    await asyncio.sleep(0.3)  # its announcement came and went: nothing waited for it
+    started = time.monotonic()
+    answer = await client.get(f"/v1/requests/{second}", params={"wait": 20})
+    assert answer.json()["status"] == "succeeded" and time.monotonic() - started < 5

@@ -484,3 +484,24 @@ def test_lean_routes_lowered_the_apis_cpu_on_both_paths() -> None:
         in PROSE
     )
     assert "Routes resolve their parameters directly" in DOC
+
+
+def test_a_long_poll_for_a_request_admitted_here_costs_one_transaction_fewer() -> None:
+    """The section's figures: one Postgres transaction fewer a long-poll request over a run,
+    every caller answered in every alternating run, and the CPU figures read as overlapping."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import frontdoor_docs
+
+    doc = _run("frontdoor-unread-ab.json")
+    assert [run["long_poll"] for run in doc["runs"]] == ["read first", "no first read"] * 3
+    assert all(
+        r["answered"] == r["sent"] and not r["wrong"] for run in doc["runs"] for r in run["results"]
+    )
+    runs = doc["transactions"]["runs"]
+    longpolls = runs["no first read"]["answered"]["longpoll"]
+    saved = runs["read first"]["transactions"] - runs["no first read"]["transactions"]
+    assert 0.95 * longpolls <= saved <= 1.1 * longpolls
+    lower = frontdoor_docs.unread_lower(doc)
+    assert all(cases == [] for cases in lower.values())  # the page says they overlap
+    assert "one statement fewer a long-poll" in PROSE
+    assert "A long-poll for a request admitted here waits without reading it first" in DOC
