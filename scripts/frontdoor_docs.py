@@ -889,13 +889,6 @@ def marks_ingest_verdict(doc: dict[str, Any]) -> dict[str, str]:
     }
 
 
-LEAN_FIGURES = (
-    "the API's CPU a request",
-    "Postgres's CPU a request",
-    "p50",
-)
-
-
 def lean_lower(doc: dict[str, Any]) -> dict[str, list[str]]:
     return ab_lower(doc, "routes", "lean", "FastAPI's handler", LEAN_FIGURES)
 
@@ -921,13 +914,6 @@ def lean_ingest_verdict(doc: dict[str, Any]) -> dict[str, str]:
     return {"api_old": old, "api_new": new, "reading": reading}
 
 
-UNREAD_FIGURES = (
-    "the API's CPU a request",
-    "Postgres's CPU a request",
-    "p50",
-)
-
-
 def unread_lower(doc: dict[str, Any]) -> dict[str, list[str]]:
     return ab_lower(doc, "long_poll", "no first read", "read first", UNREAD_FIGURES)
 
@@ -941,6 +927,7 @@ MARK_FIGURES = (
     "Postgres's CPU a request",
     "p50",
 )
+LEAN_FIGURES = UNREAD_FIGURES = MARK_FIGURES
 
 
 def broker_median(doc: dict[str, Any], kind: str, rate: float) -> float:

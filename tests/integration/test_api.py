@@ -22,6 +22,19 @@ def store_of(app: FastAPI) -> JobStore:
     return app.state.services.adapters.store
 
 
+def count_reads(store: JobStore, monkeypatch: pytest.MonkeyPatch) -> list[uuid.UUID]:
+    """The ids ``store.get`` reads from now on, in order."""
+    reads: list[uuid.UUID] = []
+    read = store.get
+
+    async def counted(request_id: uuid.UUID, tenant: str | None = None) -> Any:
+        reads.append(request_id)
+        return await read(request_id, tenant)
+
+    monkeypatch.setattr(store, "get", counted)
+    return reads
+
+
 async def count_rows(app: FastAPI) -> int:
     return sum((await store_of(app).count_by_state()).values())
 
@@ -190,14 +203,8 @@ async def test_a_waiting_caller_is_answered_from_the_results_notification(
     ids = await wait_for_rows(app, 2)
     await asyncio.sleep(0.3)  # both are waiting, past their reads
     assert not poll.done() and not call.done()
-    store, reads = store_of(app), []
-    read = store.get
-
-    async def counted(request_id: uuid.UUID, tenant: str | None = None) -> Any:
-        reads.append(request_id)
-        return await read(request_id, tenant)
-
-    monkeypatch.setattr(store, "get", counted)
+    store = store_of(app)
+    reads = count_reads(store, monkeypatch)
     await complete(store, ids, output=output)
     polled, answered = await poll, await call
     assert polled.status_code == 200 and answered.status_code == 200, answered.text
@@ -252,14 +259,8 @@ async def test_a_long_poll_for_a_request_admitted_here_reads_nothing_until_its_e
     """Submit, then long-poll: the API process that admitted the request knows no end of it
     has been announced, so the wait starts without reading Postgres and is answered from the
     results' notification; the answer is what a read gives."""
-    store, reads = store_of(app), []
-    read = store.get
-
-    async def counted(request_id: uuid.UUID, tenant: str | None = None) -> Any:
-        reads.append(request_id)
-        return await read(request_id, tenant)
-
-    monkeypatch.setattr(store, "get", counted)
+    store = store_of(app)
+    reads = count_reads(store, monkeypatch)
     submitted = (await client.post("/v1/requests", json=body())).json()["id"]
     poll = asyncio.create_task(client.get(f"/v1/requests/{submitted}", params={"wait": 20}))
     ids = await wait_for_rows(app, 1)
