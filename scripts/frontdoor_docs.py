@@ -1195,7 +1195,8 @@ knee moves with the machine.
 
 The API is still most of the roles' CPU (the table above): FastAPI's routing, dependencies and
 validation, the four ASGI middlewares, uvicorn's protocol and the long-poll's wake-up, in its
-flame graph now. The latency gap is the hand-overs in the stage table: commit and publish to
+flame graph now (the dependencies since resolved directly, and a long-poll's first read mostly
+gone: the last sections below). The latency gap is the hand-overs in the stage table: commit and publish to
 the batcher (`to_batcher`), the batch's claim, Celery publish and lease (`dispatch`, which the
 learned lead hides only in part), the results' write and notification (`write_notify`) and the
 long-poll's answer (`poll`).
