@@ -1387,7 +1387,8 @@ with the request, each cached for the request as FastAPI caches it; each path, q
 parameter read as one string and validated by a pydantic adapter built from its declaration;
 the JSON body's model). A request the plan resolves without a single problem runs the endpoint
 with those values; any other (a parameter missing or invalid, a body that is not JSON or not
-declared as JSON, a dependency override) goes, untouched, to FastAPI's own handler, so every
+declared as JSON, a dependency override, a request FastAPI's OpenTelemetry integration
+traces) goes, untouched, to FastAPI's own handler, so every
 refusal is FastAPI's, word for word, and the OpenAPI document is FastAPI's, from the same
 signatures. A form upload (`POST /v1/files`) stays on FastAPI's handler. Tests:
 `tests/unit/test_lean_routes.py` (the values equal FastAPI's and its solver is not called; nine

@@ -8,9 +8,10 @@ a tenth of a submit's (docs/frontdoor.md, "Routes resolve their parameters direc
 request, which path, query and header parameters to read and through which pydantic adapter
 to validate each, and the JSON body's model. A request that the plan resolves without a
 single problem runs the endpoint with those values. Any other request (a missing or invalid
-parameter, a body that is not JSON, a dependency override) is handed, untouched, to FastAPI's
-own handler, so every refusal is worded exactly as FastAPI words it, and the OpenAPI document
-is FastAPI's, from the same signatures.
+parameter, a body that is not JSON, a dependency override, a request FastAPI's OpenTelemetry
+integration is tracing) is handed, untouched, to FastAPI's own handler, so every refusal is
+worded exactly as FastAPI words it, and the OpenAPI document is FastAPI's, from the same
+signatures.
 
 What the plan does not cover (forms, cookies, sequences, generator dependencies, security
 scopes, background tasks, an endpoint not declared to return a ``Response``) leaves the route
@@ -29,6 +30,7 @@ from typing import Annotated, Any, Literal, Union
 import orjson
 from fastapi import params, routing
 from fastapi.routing import APIRoute
+from fastapi.telemetry import get_telemetry_data
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
@@ -251,6 +253,8 @@ class LeanRoute(APIRoute):
 
         async def handler(request: Request) -> Response:
             if overrides is not None and getattr(overrides, "dependency_overrides", None):
+                return await generic(request)
+            if get_telemetry_data() is not None:  # traced: FastAPI records its operations
                 return await generic(request)
             body: Any = None
             if plan.body is not None:
