@@ -13,6 +13,7 @@ interactive latency beside a bulk job.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from dataclasses import dataclass
@@ -76,6 +77,7 @@ async def _ingest_step(
 ) -> dict[str, Any]:
     step_s = step_s or plan.step_s
     roles_before, tcp_before = deployment.cpu_s(), tcp_counters()
+    gc_before = await asyncio.to_thread(deployment.api_gc)
     cpu_started, wall_started = time.process_time(), time.perf_counter()
     load = await open_loop(
         deployment.url,
@@ -95,6 +97,7 @@ async def _ingest_step(
     # Let the step's requests finish, so the next step starts from an empty pipeline.
     await deployment.clock.wait_for(accepted, timeout_s=30)
     cpu_ms = cpu_per(roles_before, deployment.cpu_s(), len(accepted))
+    gc_after = await asyncio.to_thread(deployment.api_gc)
     return {
         "rate": rate,
         "sent": len(load.submitted) + load.errors,
@@ -107,6 +110,11 @@ async def _ingest_step(
         "max_ms": round(max(latencies_ms), 2) if latencies_ms else math.nan,
         "loadgen_cpu": round(loadgen_cpu, 2),
         "cpu_ms_per_request": cpu_ms,
+        "api_gc": {
+            "collections": int(gc_after["collections"] - gc_before["collections"]),
+            "full": int(gc_after["full"] - gc_before["full"]),
+            "ms": round((gc_after["seconds"] - gc_before["seconds"]) * 1000, 2),
+        },
         "tcp": tcp,
         "ok": bool(p99 <= plan.max_p99_ms and refused == 0 and load.errors == 0),
     }

@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import make_url
 
 from batchserve.core.domain import Event, StateChange
@@ -260,6 +262,23 @@ class BenchDeployment:
                 pids = [role.pid, *self.stack.child_pids(name)]
                 used[kind] = used.get(kind, 0.0) + sum(_cpu_s(pid) for pid in pids)
         return used
+
+    def api_gc(self) -> dict[str, float]:
+        """The API's garbage collections so far (its ``batchserve_gc_pause_seconds``, from the
+        operators' listener of its first process): how many, how many full, seconds in all."""
+        text = httpx.get(f"{self.stack.ops_url}/metrics", timeout=10).text
+        totals = {"collections": 0.0, "full": 0.0, "seconds": 0.0}
+        for family in text_string_to_metric_families(text):
+            if family.name != "batchserve_gc_pause_seconds":
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_count"):
+                    totals["collections"] += sample.value
+                    if sample.labels.get("generation") == "2":
+                        totals["full"] += sample.value
+                elif sample.name.endswith("_sum"):
+                    totals["seconds"] += sample.value
+        return totals
 
     def query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.dsn()) as conn:

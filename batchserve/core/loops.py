@@ -25,8 +25,12 @@ def tune_threads() -> None:
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run`` on uvloop when it is installed, with :func:`tune_threads`."""
+    """``asyncio.run`` on uvloop when it is installed, with :func:`tune_threads`, the garbage
+    collector's pauses timed (``batchserve_gc_pause_seconds``)."""
+    from batchserve.core.metrics import watch_gc
+
     tune_threads()
+    watch_gc()
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency where it builds

@@ -14,9 +14,11 @@ Metric objects are built on first use, so a worker can switch to multiprocess mo
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -48,6 +50,7 @@ TOKEN_BUCKETS_S = (
     0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0,
 )  # fmt: skip
 SIZE_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
+GC_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 FILL_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 
@@ -76,6 +79,7 @@ class Metrics:
     ttft: Histogram
     inter_token: Histogram
     time_per_token: Histogram
+    gc_pause: Histogram
 
 
 @cache
@@ -191,7 +195,30 @@ def metrics() -> Metrics:
             ["model"],
             buckets=TOKEN_BUCKETS_S,
         ),
+        gc_pause=Histogram(
+            "batchserve_gc_pause_seconds",
+            "Collections of the process's garbage collector (the process stands still), by "
+            "generation (2: a full pass)",
+            ["generation"],
+            buckets=GC_BUCKETS_S,
+        ),
     )
+
+
+@cache
+def watch_gc() -> None:
+    """Time each of this process's garbage collections into ``batchserve_gc_pause_seconds``
+    (once per process). The callback only observes into children resolved beforehand."""
+    children = [metrics().gc_pause.labels(str(generation)) for generation in range(3)]
+    started: list[float] = []
+
+    def timed(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            children[info["generation"]].observe(time.perf_counter() - started.pop())
+
+    gc.callbacks.append(timed)
 
 
 # -- serving ---------------------------------------------------------------------------------

@@ -97,6 +97,9 @@ def test_ingest_steps_through_rates(run_id: str, tmp_path: Path) -> None:
         assert 0 < step["p50_ms"] <= step["p99_ms"] <= step["max_ms"]
         assert set(step["tcp"]) == {"accepted", "listen_overflows", "resets"}
         assert step["tcp"]["accepted"] >= 1
+        # The API's garbage collections over the step, from its batchserve_gc_pause_seconds.
+        gc = step["api_gc"]
+        assert gc["collections"] >= gc["full"] >= 0 and gc["ms"] >= 0
     assert doc["max_rate_ok"] in (0, 40, 80)
 
 
