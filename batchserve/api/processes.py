@@ -125,9 +125,11 @@ class ApiProcesses:
         settings = self.settings
         if index > 0:  # the first process alone serves the operators' listener
             settings = settings.model_copy(update={"metrics_port": None})
+        app = create_app(settings)
+        loops.tune_gc()
         loops.run(
             serve_api(
-                create_app(settings),
+                app,
                 settings,
                 self.host,
                 self.port,

@@ -151,4 +151,6 @@ def run_api(settings: Settings, host: str, port: int) -> None:
 
     # On the services' loop (uvloop, the short GIL switch), as every other role; against the
     # standard loop it measured the same (docs/frontdoor.md).
-    loops.run(serve_api(create_app(settings), settings, host, port, timeout_graceful_shutdown=10))
+    app = create_app(settings)
+    loops.tune_gc()
+    loops.run(serve_api(app, settings, host, port, timeout_graceful_shutdown=10))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gc
+from typing import Any
 
+import pytest
 from prometheus_client import REGISTRY
 
 from batchserve.core.metrics import watch_gc
@@ -25,3 +27,30 @@ def test_every_collection_is_timed_by_generation() -> None:
     after_count, after_total = full_collections()
     assert after_count == count + 2
     assert after_total > total
+
+
+def test_the_api_runs_with_its_start_up_frozen_and_a_higher_young_threshold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``batchserve api`` freezes what start-up made and collects the youngest generation at
+    ``GC_YOUNG_THRESHOLD`` (docs/frontdoor.md, "The API's garbage collector")."""
+    from batchserve.cli import roles
+    from batchserve.core import loops
+    from batchserve.core.settings import Settings
+
+    seen: dict[str, object] = {}
+
+    def run(main: Any) -> None:
+        seen["threshold"] = gc.get_threshold()[0]
+        seen["frozen"] = gc.get_freeze_count()
+        main.close()
+
+    threshold = gc.get_threshold()
+    monkeypatch.setattr(loops, "run", run)
+    try:
+        roles.run_api(Settings(), "127.0.0.1", 0)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
+    assert seen["threshold"] == loops.GC_YOUNG_THRESHOLD == 10_000
+    assert isinstance(seen["frozen"], int) and seen["frozen"] > 10_000  # the imports, at least
