@@ -76,8 +76,9 @@ async def _ingest_step(
     step_s: float | None = None,
 ) -> dict[str, Any]:
     step_s = step_s or plan.step_s
-    roles_before, tcp_before = deployment.cpu_s(), tcp_counters()
+    # Scraped before the CPU figures start: the scrape is the bench's work, not the step's.
     gc_before = await asyncio.to_thread(deployment.api_gc)
+    roles_before, tcp_before = deployment.cpu_s(), tcp_counters()
     cpu_started, wall_started = time.process_time(), time.perf_counter()
     load = await open_loop(
         deployment.url,
