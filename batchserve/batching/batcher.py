@@ -14,7 +14,7 @@ import contextlib
 import math
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from batchserve.batching.batcher_jobs import BatcherJobs, Job
@@ -36,6 +36,8 @@ from batchserve.batching.policy import (
     decide,
     decide_engine,
     estimate_batch_s,
+    length_class,
+    serving_order,
 )
 from batchserve.batching.rate import RateMeter
 from batchserve.batching.timeline import LeadTuner, SlotTimeline
@@ -43,17 +45,18 @@ from batchserve.core.broker import Delivery, RequestQueue
 from batchserve.core.clock import deployment_time
 from batchserve.core.domain import (
     BatchClosed,
-    BatchItem,
     BatchMessage,
     BatchOutcome,
     Event,
     Lane,
     QueueMessage,
+    RequestState,
     SequencesFreed,
 )
 from batchserve.core.errors import Unavailable
 from batchserve.core.events import SLOTS, EventBus, Subscription
 from batchserve.core.ids import uuid7
+from batchserve.core.joins import JoinBox, Joiner
 from batchserve.core.loadboard import LoadBoard, LoadSnapshot
 from batchserve.core.logs import get_logger
 from batchserve.core.metrics import metrics
@@ -77,6 +80,23 @@ class _Entry:
     pending: Pending
     received_at: float
     deliveries: list[Delivery] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Joinable:
+    """A batch sent behind a running one with room: requests that arrive before its model
+    starts are offered to it (``batchserve/core/joins.py``)."""
+
+    room: int
+    tokens: int
+    length_class: int
+    ends_by: float  # its expected end: a joiner's deadline must allow it
+    open: bool = True  # False once an offer was refused or its model started
+    offered: dict[str, _Entry] = field(default_factory=dict)  # held until settled
+
+
+# Past this many pending requests batches are full anyway: no late joiners are looked for.
+_JOIN_SCAN_MAX = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +177,7 @@ class ModelBatcher(BatcherJobs):
         estimator: BatchTimeEstimator | None = None,
         loadboard: LoadBoard | None = None,
         clock: Callable[[], float] = deployment_time,
+        joins: JoinBox | None = None,
     ) -> None:
         self.spec = spec
         self.policy = policy_config(spec)
@@ -181,6 +202,9 @@ class ModelBatcher(BatcherJobs):
         self.slots = SlotTimeline(lead_s=self.lead.lead_s)
         # Batches sent behind a running one on their slot: how early they come tunes the lead.
         self._sent_behind: set[uuid.UUID] = set()
+        # Batch models with a join box: batches sent behind with room, and what was offered.
+        self._joins = None if self.engine else joins
+        self.joinable: dict[uuid.UUID, _Joinable] = {}
         self.ledger = EngineLedger()
         # A batch queued behind another at its worker starts this soon after that one ends.
         self._pickup_s = 0.005
@@ -239,6 +263,13 @@ class ModelBatcher(BatcherJobs):
                 # overdue: let them all arrive, so they are halved as two batches, not
                 # scattered over many small ones.
                 self._hold_until = max(self._hold_until, received_at + self.config.group_settle_s)
+        elif message.group is not None and entry.pending.group is None:
+            # Requeued by a reap while held here (a late joiner of a batch that crashed): it
+            # is a suspect now, batched only within its group.
+            entry.pending = replace(
+                entry.pending, group=message.group, arrived_at=message.created_at
+            )
+            self._hold_until = max(self._hold_until, self._clock() + self.config.group_settle_s)
         entry.deliveries.append(delivery)  # a duplicate (republished) joins its twin
         self._wake.set()
 
@@ -331,6 +362,9 @@ class ModelBatcher(BatcherJobs):
             return self._hold_until
         if self.engine:
             return await self._step_engine(now)
+        if self.joinable:
+            await self._settle_joiners()
+            await self._offer_joiners()
         free_slots = self.slots.free_slots(now)
         if free_slots == 0 and now < self._next_due:
             # Nothing can leave without a slot; arrivals only wait. Expiry is due at
@@ -413,6 +447,11 @@ class ModelBatcher(BatcherJobs):
         """Hand requests not yet in a batch back to the queue, for the standby or the next
         batcher (they stay ``queued`` in Postgres: nothing to undo there)."""
         entries, self.pending = list(self.pending.values()), {}
+        for joinable in self.joinable.values():
+            # Offered to a batch: its worker may have claimed it (the next batcher then finds
+            # it running and lets it go) or not (queued: batched again).
+            entries.extend(joinable.offered.values())
+            joinable.offered = {}
         for entry in entries:
             for delivery in entry.deliveries:
                 await delivery.release()
@@ -462,11 +501,16 @@ class ModelBatcher(BatcherJobs):
                     },
                 )
             else:
-                self.slots.assign(batch_id, now, estimated_s + self.config.dispatch_overhead_s)
+                ends_at = self.slots.assign(
+                    batch_id, now, estimated_s + self.config.dispatch_overhead_s
+                )
                 if self.slots.queued_behind(batch_id):
                     if len(self._sent_behind) > 10_000:  # closings missed (a worker died)
                         self._sent_behind.clear()
                     self._sent_behind.add(batch_id)
+                    if self._may_join(batch, len(claimed)):
+                        self.joinable[batch_id] = self._joinable(batch, claimed, ends_at)
+                        message = replace(message, joinable=True)
         finally:
             self._claiming.discard(batch_id)
         self.last_dispatch_at = now
@@ -476,6 +520,7 @@ class ModelBatcher(BatcherJobs):
             # Claimed but not handed over: put the members back ourselves rather than wait
             # for the dispatch lease to run out.
             log.warning("dispatch_failed", batch_id=batch_id, error=error)
+            self.joinable.pop(batch_id, None)  # nothing was offered: offers wait for a step
             if self.engine:
                 self.ledger.close(batch_id)
             else:
@@ -501,6 +546,115 @@ class ModelBatcher(BatcherJobs):
         )
         await self._settle(ids)
 
+    # -- late joiners (``batchserve/core/joins.py``) ------------------------------------------
+
+    def _may_join(self, batch: tuple[Pending, ...], size: int) -> bool:
+        """Whether a batch just sent behind a running one takes late joiners."""
+        return (
+            self._joins is not None
+            and batch[0].group is None  # a retry group runs alone
+            and size < self.policy.max_batch_size
+        )
+
+    def _joinable(
+        self, batch: tuple[Pending, ...], claimed: list[ClaimedRequest], ends_at: float
+    ) -> _Joinable:
+        taken = {c.id for c in claimed}
+        return _Joinable(
+            room=self.policy.max_batch_size - len(claimed),
+            tokens=sum(p.cost_tokens for p in batch if p.id in taken),
+            length_class=length_class(batch[0].max_tokens, self.policy.length_edges),
+            ends_by=ends_at,
+        )
+
+    async def _offer_joiners(self) -> None:
+        """Offer pending requests to the batches sent ahead that have room and have not
+        started; an offered request leaves ``pending`` until :meth:`_settle_joiners`."""
+        assert self._joins is not None
+        for batch_id, joinable in self.joinable.items():
+            if not self.pending or len(self.pending) > _JOIN_SCAN_MAX:
+                return
+            if not joinable.open:
+                continue
+            if not self.slots.queued_behind(batch_id):  # its slot has freed: it is starting
+                joinable.open = False
+                continue
+            chosen = self._joiners_for(joinable)
+            if not chosen:
+                continue
+            offered = [Joiner(p.id, self.pending[p.id].received_at) for p in chosen]
+            try:
+                accepted = await self._joins.offer(batch_id, offered)
+            except Exception as error:  # maybe offered: settling reads what became of them
+                log.warning("join_offer_failed", batch_id=batch_id, error=error)
+                joinable.open, accepted = False, True
+            if not accepted:  # sealed: its model has started
+                joinable.open = False
+                metrics().batch_joins_refused.labels(self.spec.name).inc(len(chosen))
+                continue
+            for p in chosen:
+                joinable.offered[p.id] = self.pending.pop(p.id)
+            joinable.room -= len(chosen)
+            joinable.tokens += sum(p.cost_tokens for p in chosen)
+
+    def _joiners_for(self, joinable: _Joinable) -> list[Pending]:
+        """Who may join: outside any retry group, of the batch's length class, with a
+        deadline its end still meets; in serving order, within its room and token budget."""
+        edges, budget = self.policy.length_edges, self.policy.max_batch_tokens
+        candidates = [
+            e.pending
+            for e in self.pending.values()
+            if e.pending.group is None
+            and e.pending.deadline >= joinable.ends_by
+            and length_class(e.pending.max_tokens, edges) == joinable.length_class
+        ]
+        chosen: list[Pending] = []
+        tokens = joinable.tokens
+        for p in serving_order(candidates, self.weights):
+            if len(chosen) >= joinable.room:
+                break
+            if budget is not None and tokens + p.cost_tokens > budget:
+                continue
+            chosen.append(p)
+            tokens += p.cost_tokens
+        return chosen
+
+    async def _settle_joiners(self) -> None:
+        """Once a batch that took offers has left the timeline (it ran, or was reaped), its
+        worker's claim is over: an offered request still queued comes back to ``pending``;
+        any other (claimed into the batch, or cancelled) is acked."""
+        done = [b for b in self.joinable if b not in self.slots and b not in self._claiming]
+        for batch_id in done:
+            joinable = self.joinable[batch_id]
+            if joinable.offered:
+                try:
+                    states = await self._store.states_of(list(joinable.offered))
+                except Unavailable as error:
+                    log.warning("joiners_unsettled", batch_id=batch_id, error=error)
+                    return  # at the next step
+                back = 0
+                for request_id, entry in joinable.offered.items():
+                    if states.get(request_id) is RequestState.QUEUED:
+                        twin = self.pending.get(request_id)
+                        if twin is None:
+                            self.pending[request_id] = entry
+                        else:  # republished meanwhile (its batch was reaped)
+                            twin.deliveries.extend(entry.deliveries)
+                        back += 1
+                    else:
+                        for delivery in entry.deliveries:
+                            await delivery.ack()
+                log.info(
+                    "joiners_settled",
+                    model=self.spec.name,
+                    batch_id=batch_id,
+                    offered=len(joinable.offered),
+                    returned=back,
+                )
+                if back:
+                    self._wake.set()
+            del self.joinable[batch_id]
+
     def _message(
         self, batch_id: uuid.UUID, now: float, estimated_s: float, claimed: list[ClaimedRequest]
     ) -> BatchMessage:
@@ -510,18 +664,8 @@ class ModelBatcher(BatcherJobs):
             time_limit = None
             if self.engine:  # each sequence's own limit: its max_tokens at the learned speed
                 time_limit = sequence_time_limit_s(self._generation_s(entry.pending))
-            items.append(
-                BatchItem(
-                    request_id=c.id,
-                    input=c.input,
-                    messages=c.messages,
-                    params=c.params,
-                    created_at=c.created_at,
-                    received_at=entry.received_at,
-                    deadline=entry.pending.deadline if self.engine else None,
-                    time_limit_s=time_limit,
-                )
-            )
+            deadline = entry.pending.deadline if self.engine else None
+            items.append(c.item(entry.received_at, deadline=deadline, time_limit_s=time_limit))
         return BatchMessage(
             batch_id=str(batch_id),
             model=self.spec.name,

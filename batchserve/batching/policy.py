@@ -201,6 +201,12 @@ def _split_unmeetable(
     return expire, alive, (None if math.isinf(earliest) else earliest)
 
 
+def serving_order(pending: Sequence[Pending], weights: Mapping[str, float]) -> list[Pending]:
+    """The order in which requests take seats: interactive lane first, FIFO, tenants taking
+    turns by weight (as :func:`_fill` seats them)."""
+    return fair_order(sorted(pending, key=_order_key), weights)
+
+
 def _order_key(p: Pending) -> tuple[int, float, str]:
     return (0 if p.lane is Lane.INTERACTIVE else 1, p.arrived_at, p.id)
 

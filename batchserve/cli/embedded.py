@@ -82,6 +82,7 @@ class EmbeddedStack:
                 lease_s=settings.lease_s,
                 tokens=self.adapters.tokens,
                 clock=clock,
+                joins=self.adapters.joins,
             )
         self.dispatcher = InProcessDispatcher(
             runners, self.engines, slots={spec.name: spec.slots for spec in specs}
@@ -97,6 +98,7 @@ class EmbeddedStack:
                 config=batcher_config(settings),
                 loadboard=self.adapters.loadboard,
                 clock=clock,
+                joins=self.adapters.joins,
             )
             for spec in specs
         ]

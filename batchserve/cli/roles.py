@@ -98,6 +98,7 @@ async def run_batcher(settings: Settings, models: list[str] | None) -> None:
             events=adapters.events,
             config=batcher_config(settings),
             loadboard=adapters.loadboard,
+            joins=adapters.joins,
         )
         for spec in specs
     ]

@@ -191,6 +191,9 @@ class BatchMessage:
     dispatched_at: float
     estimated_s: float
     items: tuple[BatchItem, ...]
+    # Sent behind a running batch with room: requests that arrive before its model starts may
+    # join it (``batchserve/core/joins.py``).
+    joinable: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -199,6 +202,7 @@ class BatchMessage:
             "dispatched_at": self.dispatched_at,
             "estimated_s": self.estimated_s,
             "items": [item.as_dict() for item in self.items],
+            "joinable": self.joinable,
         }
 
     @classmethod
@@ -209,6 +213,7 @@ class BatchMessage:
             dispatched_at=float(data["dispatched_at"]),
             estimated_s=float(data["estimated_s"]),
             items=tuple(BatchItem(**item) for item in data["items"]),
+            joinable=bool(data.get("joinable", False)),
         )
 
 

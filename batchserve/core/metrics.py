@@ -66,6 +66,8 @@ class Metrics:
     cancellations: Counter
     finished: Counter
     batches_dispatched: Counter
+    batch_joiners: Counter
+    batch_joins_refused: Counter
     batches_finished: Counter
     webhook_deliveries: Counter
     batch_size: Histogram
@@ -116,6 +118,16 @@ def metrics() -> Metrics:
         ),
         batches_dispatched=Counter(
             "batchserve_batches_dispatched_total", "Batches handed to a worker", ["model"]
+        ),
+        batch_joiners=Counter(
+            "batchserve_batch_joiners_total",
+            "Requests claimed into a batch sent ahead, after it was sent (late joiners)",
+            ["model"],
+        ),
+        batch_joins_refused=Counter(
+            "batchserve_batch_joins_refused_total",
+            "Offers of late joiners refused: the batch's model had started",
+            ["model"],
         ),
         batches_finished=Counter(
             "batchserve_batches_finished_total",

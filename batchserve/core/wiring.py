@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -13,6 +13,7 @@ from batchserve.core.clock import follow_database
 from batchserve.core.db import Statements, create_engine, is_postgres
 from batchserve.core.domain import Lane, StateChange
 from batchserve.core.events import EventBus, MemoryEventBus, RedisEventBus
+from batchserve.core.joins import JoinBox, MemoryJoinBox, RedisJoinBox
 from batchserve.core.loadboard import LoadBoard, MemoryLoadBoard, RedisLoadBoard
 from batchserve.core.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from batchserve.core.settings import Settings
@@ -34,6 +35,7 @@ class Adapters:
     loadboard: LoadBoard
     ratelimit: RateLimiter
     tokens: TokenLog
+    joins: JoinBox = field(default_factory=MemoryJoinBox)
 
     async def close(self) -> None:
         for closer in (
@@ -42,6 +44,7 @@ class Adapters:
             self.loadboard.close,
             self.ratelimit.close,
             self.tokens.close,
+            self.joins.close,
         ):
             with contextlib.suppress(Exception):
                 await closer()
@@ -119,6 +122,7 @@ def connect(
     loadboard: LoadBoard
     ratelimit: RateLimiter
     tokens: TokenLog
+    joins: JoinBox
     if settings.embedded:
         events = events or MemoryEventBus()
         queue = MemoryRequestQueue()
@@ -126,6 +130,7 @@ def connect(
         loadboard = MemoryLoadBoard()
         ratelimit = MemoryRateLimiter()
         tokens = MemoryTokenLog(token_log_config(settings))
+        joins = MemoryJoinBox()
     else:
         assert settings.broker_url and settings.redis_url
         events = events or redis_event_bus(settings)
@@ -136,6 +141,7 @@ def connect(
         loadboard = RedisLoadBoard(settings.redis_url, settings.key_prefix)
         ratelimit = RedisRateLimiter(settings.redis_url, settings.key_prefix)
         tokens = redis_token_log(settings)
+        joins = RedisJoinBox(settings.redis_url, settings.key_prefix)
     statements = (
         Statements(settings.effective_database_url, size=pool_size) if is_postgres(engine) else None
     )
@@ -146,5 +152,5 @@ def connect(
         statements=statements,
     )
     return Adapters(
-        settings, registry, engine, store, queue, events, slots, loadboard, ratelimit, tokens
+        settings, registry, engine, store, queue, events, slots, loadboard, ratelimit, tokens, joins
     )

@@ -11,7 +11,7 @@ import functools
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from batchserve.core.broker import RequestQueue
@@ -29,6 +29,7 @@ from batchserve.core.domain import (
 )
 from batchserve.core.errors import Unavailable
 from batchserve.core.events import CANCELS, EventBus, Subscription
+from batchserve.core.joins import JoinBox
 from batchserve.core.logs import annotate, bind, get_logger
 from batchserve.core.metrics import metrics
 from batchserve.core.republish import republish
@@ -86,8 +87,10 @@ class BatchRunner:
         write_patience_s: float = 30.0,
         clock: Callable[[], float] = deployment_time,
         tokens: TokenLog | None = None,
+        joins: JoinBox | None = None,
     ) -> None:
         self.store = store
+        self.joins = joins
         self._tokens = tokens
         self._events = events
         self._queue = queue
@@ -132,6 +135,7 @@ class BatchRunner:
             early_s = None
             try:
                 async with gate if gate is not None else contextlib.nullcontext() as early_s:
+                    await batch.take_joiners()
                     output = await asyncio.to_thread(batch.run_model) if batch.ours else None
             finally:
                 if model_done is not None:
@@ -334,11 +338,49 @@ class OpenBatch:
         self.early = _EarlyResults(runner, message, self.starting, self.model_started)
         self.ours = False
         self.isolating = False
+        self.joined: frozenset[str] = frozenset()  # late joiners claimed into it here
 
     async def started(self) -> None:
         start = await self.starting
         self.ours = isinstance(start, BatchStart)
         self.isolating = isinstance(start, BatchStart) and start.isolating
+
+    async def take_joiners(self) -> None:
+        """As the model is about to start: seal the batch's join box and claim into the batch
+        what the batcher offered it meanwhile (``batchserve/core/joins.py``), to run with the
+        rest. What is not claimed here stays queued, and the batcher batches it again."""
+        runner, joins = self.runner, self.runner.joins
+        if joins is None or not self.message.joinable or not self.ours or self.isolating:
+            return
+        start = await self.starting
+        assert isinstance(start, BatchStart)
+        try:
+            offered = await joins.take(self.batch_id)
+        except Exception as error:  # never sealed: whatever comes is left to the batcher
+            log.warning("joiners_not_taken", batch_id=self.batch_id, error=error)
+            return
+        if not offered:
+            return
+        ids = [j.request_id for j in offered]
+        try:
+            claimed = await runner.store.join_batch(
+                self.batch_id, attempt=start.attempt, model=self.message.model, request_ids=ids
+            )
+        except Exception as error:
+            # The claim may have committed: run what runs under the batch now, or nothing
+            # written ever closes it (a failure here leaves the lease to run out).
+            log.warning("join_unsure", batch_id=self.batch_id, error=error)
+            claimed = await runner._with_patience(
+                self.batch_id, functools.partial(runner.store.joined_members, self.batch_id, ids)
+            )
+        received = {j.request_id: j.received_at for j in offered}
+        items = tuple(c.item(received[c.id]) for c in claimed)
+        metrics().batch_joiners.labels(self.message.model).inc(len(items))
+        log.info("batch_joined", batch_id=self.batch_id, offered=len(ids), joined=len(items))
+        if items:
+            self.message = replace(self.message, items=self.message.items + items)
+            self.joined = frozenset(i.request_id for i in items)
+            self.early.join(self.message, items)
 
     def run_model(self) -> RunOutput:
         """Blocking: run the model over the batch (results of early finishers go out first)."""
@@ -368,6 +410,8 @@ class OpenBatch:
                 return
             assert output is not None
             annotate(attempt=start.attempt)
+            if self.joined:
+                start = replace(start, live_ids=start.live_ids | self.joined)
             # The results' write does not wait for the announcement's round trip to Redis
             # (which never raises: ``EventBus.publish`` is best effort).
             await asyncio.gather(
@@ -410,11 +454,18 @@ class _EarlyResults:
         self._starting = starting
         self._model_started = model_started
         self._items = {i.request_id: i for i in message.items}
+        self._joined: set[str] = set()
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[ItemResult | None] = asyncio.Queue()
         self.written: set[str] = set()
         self.streamed: set[str] = set()  # whose answer went to the token log
         self._task = asyncio.create_task(self._write_forever())
+
+    def join(self, message: BatchMessage, items: Sequence[BatchItem]) -> None:
+        """Late joiners claimed into the batch before its model starts."""
+        self._message = message
+        self._items.update((i.request_id, i) for i in items)
+        self._joined.update(i.request_id for i in items)
 
     def hand_over(self, result: ItemResult) -> None:
         """Called from the model's thread."""
@@ -442,7 +493,7 @@ class _EarlyResults:
         start = await self._starting
         if not isinstance(start, BatchStart):
             return  # not our batch to write
-        group = [r for r in group if r.request_id in start.live_ids]
+        group = [r for r in group if r.request_id in start.live_ids or r.request_id in self._joined]
         now = self._runner.clock()
         model_ms = (now - self._model_started) * 1000.0
         outcomes = [

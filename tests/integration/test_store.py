@@ -35,6 +35,7 @@ from batchserve.core.migrate import upgrade
 from batchserve.core.records import COMMAND_COLUMNS, aware, command_row
 from batchserve.core.store import (
     Admission,
+    BatchStart,
     ClaimedRequest,
     ItemOutcome,
     JobStore,
@@ -816,3 +817,47 @@ async def test_every_terminal_transition_is_logged_once(store: JobStore) -> None
         expired: ["expired"],
         late: ["cancelled"],
     }
+
+
+async def test_late_joiners_are_claimed_only_into_an_open_batch_this_attempt_holds(
+    store: JobStore,
+) -> None:
+    """``join_batch``: queued joiners move to running under the batch, its size grows, the
+    claimed inputs come back; a cancelled one, a wrong attempt or a closed batch claim none."""
+    first = await submit(store, command("a"))
+    batch_id = await claim(store, first)
+    start = await store.start_batch(batch_id, "w1", time.time(), 2.0)
+    assert isinstance(start, BatchStart) and start.attempt == 1
+    joiners = await submit(store, command("b"), command("c"), command("d"))
+    await store.cancel(uuid.UUID(joiners[2]), tenant="t1")
+
+    stale = await store.join_batch(batch_id, attempt=2, model="echo-100ms", request_ids=joiners)
+    assert stale == []
+    claimed = await store.join_batch(batch_id, attempt=1, model="echo-100ms", request_ids=joiners)
+    assert sorted(c.id for c in claimed) == sorted(joiners[:2])
+    assert {c.input for c in claimed} == {"b", "c"}
+    states = await store.states_of(joiners)
+    assert states == {joiners[0]: S.RUNNING, joiners[1]: S.RUNNING, joiners[2]: S.CANCELLED}
+    assert sorted(c.id for c in await store.joined_members(batch_id, joiners)) == sorted(
+        joiners[:2]
+    )
+    # Claimed once: a second join of the same ids finds nothing queued.
+    assert (
+        await store.join_batch(batch_id, attempt=1, model="echo-100ms", request_ids=joiners) == []
+    )
+
+    outcomes = [
+        ItemOutcome(ItemResult(r, output="x", finish_reason="stop"), TIMINGS)
+        for r in [*first, *joiners[:2]]
+    ]
+    reaped = await store.complete_batch(
+        batch_id, attempt=1, outcomes=outcomes, now=time.time(), model_ms=100.0
+    )
+    assert reaped is not None
+    assert set((await store.states_of([*first, *joiners[:2]])).values()) == {S.SUCCEEDED}
+    finished = [b for b in await store.finished_batches("echo-100ms") if b.id == batch_id]
+    assert [b.size for b in finished] == [3]
+    # A closed batch takes nobody.
+    later = await submit(store, command("e"))
+    assert await store.join_batch(batch_id, attempt=1, model="echo-100ms", request_ids=later) == []
+    assert (await store.states_of(later))[later[0]] is S.QUEUED

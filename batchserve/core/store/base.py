@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from batchserve.core import lifecycle
 from batchserve.core.db import Statements, is_postgres
 from batchserve.core.domain import (
+    BatchItem,
     DeliveryStatus,
     ErrorCode,
     ItemResult,
@@ -62,6 +63,25 @@ class ClaimedRequest:
     messages: list[dict[str, Any]] | None
     params: dict[str, Any]
     created_at: float
+
+    def item(
+        self,
+        received_at: float,
+        *,
+        deadline: float | None = None,
+        time_limit_s: float | None = None,
+    ) -> BatchItem:
+        """The request as a worker runs it."""
+        return BatchItem(
+            request_id=self.id,
+            input=self.input,
+            messages=self.messages,
+            params=self.params,
+            created_at=self.created_at,
+            received_at=received_at,
+            deadline=deadline,
+            time_limit_s=time_limit_s,
+        )
 
 
 @dataclass(frozen=True, slots=True)

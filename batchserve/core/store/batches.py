@@ -102,6 +102,21 @@ _TAKE_LEASE = (
     )
     .returning(batches_t.c.attempt, batches_t.c.isolation_group)
 )
+# join_batch through the engine: the batch open and leased by this attempt, then its growth.
+_HELD = (
+    select(batches_t.c.id)
+    .where(
+        batches_t.c.id == bindparam("batch"),
+        batches_t.c.outcome.is_(None),
+        batches_t.c.attempt == bindparam("attempt"),
+    )
+    .with_for_update()
+)
+_GROW = (
+    update(batches_t)
+    .where(batches_t.c.id == bindparam("batch"))
+    .values(size=batches_t.c.size + bindparam("joined"))
+)
 _LIVE_MEMBERS = select(requests_t.c.id).where(
     requests_t.c.batch_id == bindparam("batch"), requests_t.c.state == S.RUNNING.value
 )
@@ -155,6 +170,62 @@ class BatchVerbs(StoreBase):
                 S.RUNNING, [c.id for c in claimed], batch_id=str(batch_id), model=model
             )
         return claimed
+
+    async def join_batch(
+        self, batch_id: uuid.UUID, *, attempt: int, model: str, request_ids: Sequence[str]
+    ) -> list[ClaimedRequest]:
+        """Claim late joiners into a batch whose model is about to start (``joins.py``): the
+        requests still queued move to running under it, only while ``attempt`` holds its lease
+        and it is open, and its size grows by them. The rest are left alone (the batcher
+        batches them again)."""
+        ids = [uuid.UUID(i) for i in request_ids]
+        if not ids:
+            return []
+        if self.statements is not None:
+            params = {"batch": batch_id, "attempt": attempt, "model": model, "ids": ids}
+            rows: Sequence[Mapping[Any, Any]] = await self.statements.fetchall(_JOIN_PG, params)
+        else:
+            async with transaction(self.engine) as conn:
+                held = await conn.execute(_HELD, {"batch": batch_id, "attempt": attempt})
+                if held.first() is None:
+                    return []
+                params = {"ids": ids, "claim_model": model, "claim_batch": batch_id}
+                rows = (await conn.execute(_CLAIM, params)).mappings().all()
+                if rows:
+                    await conn.execute(_GROW, {"batch": batch_id, "joined": len(rows)})
+        claimed = [_claimed(r) for r in rows]
+        if claimed:
+            await self._emit(
+                S.RUNNING, [c.id for c in claimed], batch_id=str(batch_id), model=model
+            )
+        return claimed
+
+    async def joined_members(
+        self, batch_id: uuid.UUID, request_ids: Sequence[str]
+    ) -> list[ClaimedRequest]:
+        """Which of ``request_ids`` run under the batch now (a worker whose join's answer was
+        lost reads what it claimed)."""
+        ids = [uuid.UUID(i) for i in request_ids]
+        query = select(*(requests_t.c[f.name] for f in fields(ClaimedRequest))).where(
+            requests_t.c.batch_id == bindparam("batch"),
+            requests_t.c.state == S.RUNNING.value,
+            requests_t.c.id.in_(bindparam("ids", expanding=True)),
+        )
+        async with autocommit(self.engine) as conn:
+            rows = (await conn.execute(query, {"batch": batch_id, "ids": ids})).mappings().all()
+        return [_claimed(r) for r in rows]
+
+    async def states_of(self, request_ids: Sequence[str]) -> dict[str, S]:
+        """The state of each of these requests that exists."""
+        ids = [uuid.UUID(i) for i in request_ids]
+        if not ids:
+            return {}
+        query = select(requests_t.c.id, requests_t.c.state).where(
+            requests_t.c.id.in_(bindparam("ids", expanding=True))
+        )
+        async with autocommit(self.engine) as conn:
+            rows = (await conn.execute(query, {"ids": ids})).all()
+        return {str(r[0]): S(r[1]) for r in rows}
 
     async def start_batch(
         self, batch_id: uuid.UUID, worker: str, now: float, lease_s: float
@@ -763,6 +834,25 @@ _CLAIM_PG = (
     " estimated_ms, dispatched_at, lease_expires_at)"
     " SELECT %(id)s, %(model)s, count(*), 0, %(isolation_group)s, %(estimated_ms)s,"
     " %(dispatched_at)s, %(lease_expires_at)s FROM claimed HAVING count(*) > 0)"
+    " SELECT " + ", ".join(f.name for f in fields(ClaimedRequest)) + " FROM claimed"
+)
+# join_batch on Postgres, for the statements pool: the batch row locked while this attempt
+# holds it open, the joiners claimed under it, its size grown by them; one statement.
+_JOIN_PG = (
+    "WITH held AS (SELECT id FROM batches WHERE id = %(batch)s AND outcome IS NULL"
+    " AND attempt = %(attempt)s FOR UPDATE),"
+    " claimed AS (UPDATE requests SET state = '"
+    + S.RUNNING.value
+    + "', batch_id = %(batch)s, attempts = attempts + 1"
+    " WHERE id = ANY(%(ids)s) AND model = %(model)s AND EXISTS (SELECT 1 FROM held)"
+    " AND state IN ("
+    + ", ".join(
+        f"'{state}'" for state in lifecycle.values(lifecycle.sources(Cause.CLAIM, S.RUNNING))
+    )
+    + ") RETURNING "
+    + ", ".join(f.name for f in fields(ClaimedRequest))
+    + "), grown AS (UPDATE batches SET size = size + (SELECT count(*) FROM claimed)"
+    " WHERE id IN (SELECT id FROM held))"
     " SELECT " + ", ".join(f.name for f in fields(ClaimedRequest)) + " FROM claimed"
 )
 # The lease on Postgres (``_START``'s statement), for the statements pool.

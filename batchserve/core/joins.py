@@ -1,0 +1,126 @@
+"""Late joiners: requests that arrive after a batch was sent, and still ride in it.
+
+The batcher sends a slot its next batch ahead of the running one's end (the pipeline lead),
+so that the claim, the Celery hand-over and the lease are done when the slot frees. A request
+that arrives within that lead would otherwise miss the batch and wait a whole batch more. So a
+batch sent behind a running one, with room, is *joinable*: until its model starts, the batcher
+offers it the requests that arrive, by id (with when the batcher received each), in the
+batch's join box. The worker seals the box
+the moment its slot frees, takes what was offered, claims those still queued into the batch
+(one statement, fenced by the batch's attempt) and runs them with the rest.
+
+The box only carries ids; Postgres decides. A request the worker claimed is the batch's (its
+lease, its reaping, its results); one it did not (cancelled meanwhile, the worker died first,
+the box sealed before the offer) is still ``queued`` and the batcher, which holds its broker
+delivery until then, batches it again. Each offer is all or nothing: refused once sealed.
+
+On Redis (a list and a seal key for each batch, with a TTL) for a deployment; in memory for
+the embedded mode and tests.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import redis.asyncio as aioredis
+
+# How long a box outlives its last offer or its seal: far past any batch's start.
+JOIN_TTL_S = 600.0
+
+# KEYS: the box, its seal. ARGV: ttl ms, then the ids. 1: offered; 0: sealed already.
+_OFFER = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('RPUSH', KEYS[1], unpack(ARGV, 2))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+# KEYS: the box, its seal. ARGV: ttl ms. What was offered; nothing can be offered after.
+_TAKE = """
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[1])
+local offered = redis.call('LRANGE', KEYS[1], 0, -1)
+redis.call('DEL', KEYS[1])
+return offered
+"""
+
+
+class Joiner(NamedTuple):
+    request_id: str
+    received_at: float  # when the batcher first held it
+
+
+def _encode(joiner: Joiner) -> str:
+    return f"{joiner.request_id} {joiner.received_at!r}"
+
+
+def _decode(raw: bytes | str) -> Joiner:
+    request_id, _, received_at = (raw.decode() if isinstance(raw, bytes) else raw).partition(" ")
+    return Joiner(request_id, float(received_at))
+
+
+class JoinBox(ABC):
+    @abstractmethod
+    async def offer(self, batch_id: uuid.UUID, joiners: Sequence[Joiner]) -> bool:
+        """Offer ``joiners`` to a batch whose model has not started: ``False`` once it has
+        (the box is sealed), and then none of them is offered."""
+
+    @abstractmethod
+    async def take(self, batch_id: uuid.UUID) -> list[Joiner]:
+        """Seal the batch's box and return what was offered to it (the worker, as its model
+        starts)."""
+
+    async def close(self) -> None:
+        return None
+
+
+class MemoryJoinBox(JoinBox):
+    def __init__(self, ttl_s: float = JOIN_TTL_S) -> None:
+        self._ttl_s = ttl_s
+        self._offered: dict[uuid.UUID, list[Joiner]] = {}
+        self._sealed: dict[uuid.UUID, float] = {}  # batch -> when its seal lapses
+
+    def _forget_old(self, now: float) -> None:
+        for batch_id in [b for b, until in self._sealed.items() if until <= now]:
+            del self._sealed[batch_id]
+
+    async def offer(self, batch_id: uuid.UUID, joiners: Sequence[Joiner]) -> bool:
+        self._forget_old(time.monotonic())
+        if batch_id in self._sealed:
+            return False
+        self._offered.setdefault(batch_id, []).extend(joiners)
+        return True
+
+    async def take(self, batch_id: uuid.UUID) -> list[Joiner]:
+        now = time.monotonic()
+        self._forget_old(now)
+        self._sealed[batch_id] = now + self._ttl_s
+        return self._offered.pop(batch_id, [])
+
+
+class RedisJoinBox(JoinBox):
+    def __init__(self, url: str, prefix: str, ttl_s: float = JOIN_TTL_S) -> None:
+        self._redis = aioredis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
+        self._prefix = prefix
+        self._ttl_ms = str(int(ttl_s * 1000))
+        self._offer = self._redis.register_script(_OFFER)
+        self._take = self._redis.register_script(_TAKE)
+
+    def _keys(self, batch_id: uuid.UUID) -> list[str]:
+        box = f"{self._prefix}.join.{batch_id}"
+        return [box, f"{box}.sealed"]
+
+    async def offer(self, batch_id: uuid.UUID, joiners: Sequence[Joiner]) -> bool:
+        if not joiners:
+            return True
+        args = [self._ttl_ms, *(_encode(j) for j in joiners)]
+        return bool(await self._offer(keys=self._keys(batch_id), args=args))
+
+    async def take(self, batch_id: uuid.UUID) -> list[Joiner]:
+        offered = await self._take(keys=self._keys(batch_id), args=[self._ttl_ms])
+        return [_decode(raw) for raw in offered]
+
+    async def close(self) -> None:
+        await self._redis.aclose()

@@ -1,0 +1,247 @@
+"""Late joiners, stepped with a fake clock: the batcher and a worker's runner on one store.
+
+A batch sent behind a running one with room takes the requests that arrive before its model
+starts; the worker claims them as its model starts and runs them with the rest. An offer
+after that is refused and the request waits for the next batch; an offer the worker never
+took (its batch reaped first) comes back to the batcher. Every request ends once, each
+broker delivery is acked once, and only when its request is no longer queued.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+from sqlalchemy import select
+
+from batchserve.batching.batcher import BatcherConfig, ModelBatcher
+from batchserve.core.broker import Delivery, MemoryRequestQueue
+from batchserve.core.domain import (
+    BatchClosed,
+    BatchMessage,
+    BatchOutcome,
+    ItemResult,
+    Lane,
+    QueueMessage,
+    RequestState,
+)
+from batchserve.core.events import MemoryEventBus
+from batchserve.core.joins import Joiner, MemoryJoinBox
+from batchserve.core.loadboard import MemoryLoadBoard
+from batchserve.core.slots import MemorySlotDirectory
+from batchserve.core.store import JobStore
+from batchserve.core.tables import batches_table as batches_t
+from batchserve.models.base import Backend, OnResult
+from batchserve.models.registry import ModelSpec
+from batchserve.workers.runner import BatchRunner
+from tests.support.stepped import Clock, sqlite_store, submit
+
+ECHO = ModelSpec(name="echo", backend="fixed", batch_time_ms=100, max_batch_size=4)
+
+
+class _Echo(Backend):
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    def run(self, items: object, on_result: OnResult | None = None) -> list[ItemResult]:
+        ids = [i.request_id for i in items]  # type: ignore[attr-defined]
+        self.batches.append(ids)
+        return [ItemResult(r, output=f"echo {r}", finish_reason="stop") for r in ids]
+
+
+class _Delivery(Delivery):
+    redelivered = False
+
+    def __init__(self, request_id: str, acks: dict[str, int]) -> None:
+        self.request_id, self._acks = request_id, acks
+
+    async def ack(self) -> None:
+        self._acks[self.request_id] = self._acks.get(self.request_id, 0) + 1
+
+    async def release(self) -> None:
+        return None
+
+
+class Rig:
+    def __init__(self, tmp_path: Path) -> None:
+        self.clock = Clock(now=time.time())
+        self.events = MemoryEventBus()
+        self.store: JobStore = sqlite_store(tmp_path, on_change=self.events.publish)
+        self.joins = MemoryJoinBox()
+        self.slots = MemorySlotDirectory()
+        self.slots.register(ECHO.name, "w1", 1, float("inf"))
+        self.sent: list[BatchMessage] = []
+        self.acks: dict[str, int] = {}
+        self.batcher = ModelBatcher(
+            ECHO,
+            store=self.store,
+            queue=MemoryRequestQueue(),
+            dispatcher=self,
+            slots=self.slots,
+            events=self.events,
+            config=BatcherConfig(),
+            loadboard=MemoryLoadBoard(),
+            clock=self.clock,
+            joins=self.joins,
+        )
+        self.backend = _Echo()
+        self.runner = BatchRunner(
+            store=self.store,
+            events=self.events,
+            queue=MemoryRequestQueue(),
+            backend=self.backend,
+            worker_id="w1",
+            lease_s=2.0,
+            clock=self.clock,
+            joins=self.joins,
+        )
+
+    async def dispatch(self, message: BatchMessage, time_limit_s: float | None) -> None:
+        self.sent.append(message)
+
+    async def arrive(self, count: int) -> list[str]:
+        ids = await submit(
+            self.store, [f"r{n}" for n in range(count)], model=ECHO.name, now=self.clock()
+        )
+        for request_id in ids:
+            message = QueueMessage(
+                id=request_id,
+                model=ECHO.name,
+                lane=Lane.INTERACTIVE,
+                tenant="t1",
+                created_at=self.clock(),
+                deadline=self.clock() + 600.0,
+                prompt_tokens=3,
+                max_tokens=4,
+            )
+            await self.batcher.on_message(message, _Delivery(request_id, self.acks))
+        return ids
+
+    async def decide(self) -> None:
+        for _ in range(100):
+            due = await self.batcher.step(self.clock())
+            if due is None or due > self.clock():
+                return
+        raise AssertionError("the batcher never settled")
+
+    async def send_behind(self) -> tuple[BatchMessage, BatchMessage]:
+        """One batch to the idle slot, then one of one request sent behind it."""
+        await self.arrive(1)
+        await self.decide()
+        running = self.sent[-1]
+        await self.arrive(1)
+        free_at = self.batcher.slots.next_free_at(self.clock())
+        assert free_at is not None
+        self.clock.now = free_at
+        await self.decide()
+        behind = self.sent[-1]
+        assert behind is not running and len(behind.items) == 1
+        return running, behind
+
+    def closed(self, message: BatchMessage, outcome: str = "succeeded") -> None:
+        self.batcher.on_event(
+            BatchClosed(model=ECHO.name, batch_id=message.batch_id, outcome=outcome)
+        )
+
+    async def states(self, ids: list[str]) -> dict[str, RequestState]:
+        return await self.store.states_of(ids)
+
+
+async def test_requests_that_arrive_before_a_sent_batch_starts_ride_in_it(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    await rig.batcher.start(background=False)
+    running, behind = await rig.send_behind()
+    assert not running.joinable and behind.joinable  # only a batch sent behind, with room
+
+    joiners = await rig.arrive(2)
+    await rig.decide()
+    assert len(rig.sent) == 2 and not rig.batcher.pending  # offered, not a batch of their own
+    assert all(rig.acks.get(r, 0) == 0 for r in joiners)  # held until settled
+
+    # The slot frees: the worker seals the box and claims what was offered, then runs them.
+    await rig.runner.run(behind)
+    assert rig.backend.batches == [[behind.items[0].request_id, *joiners]]
+    late = await rig.arrive(1)  # the box is sealed: this one waits for the next batch
+    await rig.decide()
+    assert list(rig.batcher.pending) == late
+
+    rig.closed(running)
+    rig.closed(behind)
+    await rig.decide()
+    states = await rig.states([behind.items[0].request_id, *joiners])
+    assert set(states.values()) == {RequestState.SUCCEEDED}
+    assert all(rig.acks[r] == 1 for r in joiners)
+    rig.clock.advance(0.2)
+    await rig.decide()
+    assert [i.request_id for i in rig.sent[-1].items] == late  # the latecomer's own batch
+    query = select(batches_t.c.size).where(batches_t.c.id == uuid.UUID(behind.batch_id))
+    async with rig.store.engine.connect() as conn:
+        assert (await conn.execute(query)).scalar_one() == 3  # the batch's row counts them
+
+
+async def test_an_offer_the_worker_never_took_comes_back_to_the_batcher(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    await rig.batcher.start(background=False)
+    running, behind = await rig.send_behind()
+    joiners = await rig.arrive(2)
+    await rig.decide()
+    assert not rig.batcher.pending
+
+    # The batch is reaped before its worker ever started it: the offer is moot.
+    await rig.store.reap_batch(
+        uuid.UUID(behind.batch_id), now=rig.clock(), outcome=BatchOutcome.ABANDONED
+    )
+    rig.closed(running)
+    rig.closed(behind, "abandoned")
+    await rig.decide()
+    assert all(rig.acks.get(r, 0) == 0 for r in joiners)
+    assert set(await rig.states(joiners)) == set(joiners)
+    assert set((await rig.states(joiners)).values()) == {RequestState.QUEUED}
+    # ...and the batcher batches them again (with the reaped batch's member).
+    rig.clock.advance(0.2)
+    await rig.decide()
+    dispatched = [i.request_id for i in rig.sent[-1].items]
+    assert set(joiners) <= set(dispatched)
+
+
+async def test_a_joiner_cancelled_before_the_worker_claims_it_is_not_run(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    await rig.batcher.start(background=False)
+    running, behind = await rig.send_behind()
+    joiners = await rig.arrive(2)
+    await rig.decide()
+    await rig.store.cancel(uuid.UUID(joiners[0]), tenant="t1", now=rig.clock())
+    await rig.runner.run(behind)
+    assert rig.backend.batches == [[behind.items[0].request_id, joiners[1]]]
+    rig.closed(running)
+    rig.closed(behind)
+    await rig.decide()
+    states = await rig.states(joiners)
+    assert states == {joiners[0]: RequestState.CANCELLED, joiners[1]: RequestState.SUCCEEDED}
+    assert rig.acks[joiners[0]] == rig.acks[joiners[1]] == 1
+
+
+async def test_a_stale_attempt_claims_no_joiner(tmp_path: Path) -> None:
+    """A worker whose lease was lost (its batch reaped) claims nothing into the batch."""
+    rig = Rig(tmp_path)
+    await rig.batcher.start(background=False)
+    _, behind = await rig.send_behind()
+    joiners = await rig.arrive(1)
+    await rig.decide()
+    batch_id = uuid.UUID(behind.batch_id)
+    start = await rig.store.start_batch(batch_id, "w1", rig.clock(), 2.0)
+    assert start is not None
+    await rig.store.reap_batch(batch_id, now=rig.clock(), outcome=BatchOutcome.CRASHED)
+    claimed = await rig.store.join_batch(batch_id, attempt=1, model=ECHO.name, request_ids=joiners)
+    assert claimed == []
+    assert (await rig.states(joiners))[joiners[0]] is RequestState.QUEUED
+
+
+async def test_the_memory_join_box_refuses_every_offer_once_sealed() -> None:
+    box, batch = MemoryJoinBox(), uuid.uuid4()
+    assert await box.offer(batch, [Joiner("a", 1.0)])
+    assert await box.take(batch) == [Joiner("a", 1.0)]
+    assert not await box.offer(batch, [Joiner("b", 2.0)])
+    assert await box.take(batch) == []
+    assert await box.take(uuid.uuid4()) == []
