@@ -93,6 +93,7 @@ class _Joinable:
     ends_by: float  # its expected end: a joiner's deadline must allow it
     open: bool = True  # False once an offer was refused or its model started
     offered: dict[str, _Entry] = field(default_factory=dict)  # held until settled
+    offering: int = 0  # offers under way
 
 
 # Past this many pending requests batches are full anyway: no late joiners are looked for.
@@ -205,6 +206,7 @@ class ModelBatcher(BatcherJobs):
         # Batch models with a join box: batches sent behind with room, and what was offered.
         self._joins = None if self.engine else joins
         self.joinable: dict[uuid.UUID, _Joinable] = {}
+        self._offers: set[asyncio.Task[None]] = set()
         self.ledger = EngineLedger()
         # A batch queued behind another at its worker starts this soon after that one ends.
         self._pickup_s = 0.005
@@ -434,9 +436,9 @@ class ModelBatcher(BatcherJobs):
     async def stop(self) -> None:
         self._stopping = True
         self._wake.set()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._offers]:
             task.cancel()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._offers]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self._subscription is not None:
@@ -569,8 +571,9 @@ class ModelBatcher(BatcherJobs):
 
     async def _offer_joiners(self) -> None:
         """Offer pending requests to the batches sent ahead that have room and have not
-        started; an offered request leaves ``pending`` until :meth:`_settle_joiners`."""
-        assert self._joins is not None
+        started. An offered request leaves ``pending`` (until :meth:`_settle_joiners`, or at
+        once if refused); the offer itself goes on in the background, so that deciding and
+        dispatching never wait for it."""
         for batch_id, joinable in self.joinable.items():
             if not self.pending or len(self.pending) > _JOIN_SCAN_MAX:
                 return
@@ -582,20 +585,60 @@ class ModelBatcher(BatcherJobs):
             chosen = self._joiners_for(joinable)
             if not chosen:
                 continue
-            offered = [Joiner(p.id, self.pending[p.id].received_at) for p in chosen]
+            entries = {p.id: self.pending.pop(p.id) for p in chosen}
+            joinable.offered.update(entries)
+            joinable.room -= len(chosen)
+            joinable.tokens += sum(p.cost_tokens for p in chosen)
+            joinable.offering += 1
+            task = asyncio.create_task(self._offer(batch_id, joinable, entries))
+            self._offers.add(task)
+            task.add_done_callback(self._offers.discard)
+
+    async def _offer(
+        self, batch_id: uuid.UUID, joinable: _Joinable, entries: dict[str, _Entry]
+    ) -> None:
+        """Read what the worker will run of them and put it in the batch's box."""
+        assert self._joins is not None
+        try:
             try:
-                accepted = await self._joins.offer(batch_id, offered)
+                found = await self._store.queued_inputs(list(entries))
+            except Exception as error:  # nothing offered: back to pending
+                log.warning("join_offer_failed", batch_id=batch_id, error=error)
+                joinable.open = False
+                self._take_back(joinable, entries)
+                return
+            joiners = [
+                Joiner(c.id, entries[c.id].received_at, c.input, c.messages, c.params, c.created_at)
+                for c in found
+            ]
+            try:
+                accepted = await self._joins.offer(batch_id, joiners)
             except Exception as error:  # maybe offered: settling reads what became of them
                 log.warning("join_offer_failed", batch_id=batch_id, error=error)
                 joinable.open, accepted = False, True
             if not accepted:  # sealed: its model has started
                 joinable.open = False
-                metrics().batch_joins_refused.labels(self.spec.name).inc(len(chosen))
-                continue
-            for p in chosen:
-                joinable.offered[p.id] = self.pending.pop(p.id)
-            joinable.room -= len(chosen)
-            joinable.tokens += sum(p.cost_tokens for p in chosen)
+                metrics().batch_joins_refused.labels(self.spec.name).inc(len(joiners))
+                self._take_back(joinable, entries)
+            # Accepted, or no longer queued (cancelled, expired): settled with the batch.
+        finally:
+            joinable.offering -= 1
+            self._wake.set()
+
+    async def offered(self) -> None:
+        """Wait until the offers under way are made (a stepped test steps with this)."""
+        while self._offers:
+            await asyncio.gather(*list(self._offers), return_exceptions=True)
+
+    def _take_back(self, joinable: _Joinable, entries: dict[str, _Entry]) -> None:
+        for request_id, entry in entries.items():
+            if joinable.offered.pop(request_id, None) is None:
+                continue  # released meanwhile (a graceful stop)
+            twin = self.pending.get(request_id)
+            if twin is None:
+                self.pending[request_id] = entry
+            else:
+                twin.deliveries.extend(entry.deliveries)
 
     def _joiners_for(self, joinable: _Joinable) -> list[Pending]:
         """Who may join: outside any retry group, of the batch's length class, with a
@@ -623,7 +666,11 @@ class ModelBatcher(BatcherJobs):
         """Once a batch that took offers has left the timeline (it ran, or was reaped), its
         worker's claim is over: an offered request still queued comes back to ``pending``;
         any other (claimed into the batch, or cancelled) is acked."""
-        done = [b for b in self.joinable if b not in self.slots and b not in self._claiming]
+        done = [
+            b
+            for b, j in self.joinable.items()
+            if b not in self.slots and b not in self._claiming and not j.offering
+        ]
         for batch_id in done:
             joinable = self.joinable[batch_id]
             if joinable.offered:
@@ -632,24 +679,19 @@ class ModelBatcher(BatcherJobs):
                 except Unavailable as error:
                     log.warning("joiners_unsettled", batch_id=batch_id, error=error)
                     return  # at the next step
-                back = 0
-                for request_id, entry in joinable.offered.items():
-                    if states.get(request_id) is RequestState.QUEUED:
-                        twin = self.pending.get(request_id)
-                        if twin is None:
-                            self.pending[request_id] = entry
-                        else:  # republished meanwhile (its batch was reaped)
-                            twin.deliveries.extend(entry.deliveries)
-                        back += 1
-                    else:
+                offered = dict(joinable.offered)
+                back = {r: e for r, e in offered.items() if states.get(r) is RequestState.QUEUED}
+                self._take_back(joinable, back)  # a twin: republished meanwhile (reaped)
+                for request_id, entry in offered.items():
+                    if request_id not in back:
                         for delivery in entry.deliveries:
                             await delivery.ack()
                 log.info(
                     "joiners_settled",
                     model=self.spec.name,
                     batch_id=batch_id,
-                    offered=len(joinable.offered),
-                    returned=back,
+                    offered=len(offered),
+                    returned=len(back),
                 )
                 if back:
                     self._wake.set()

@@ -103,6 +103,14 @@ class Baseline:
                 self.process.wait(timeout=10)
 
 
+# Of the requests a round created, those in a batch dispatched before the batcher held them.
+_JOINED = (
+    "SELECT count(*) FILTER (WHERE r.created_at + r.queued_ms * interval '1 millisecond'"
+    " > b.dispatched_at), count(*) FROM requests r JOIN batches b ON b.id = r.batch_id"
+    " WHERE r.created_at >= to_timestamp(%s) AND r.created_at < to_timestamp(%s)"
+)
+
+
 async def run_frontdoor(deployment: BenchDeployment, plan: FrontDoorPlan) -> dict[str, Any]:
     baseline = Baseline(deployment, plan.variant, plan.workers)
     await baseline.start()
@@ -164,6 +172,7 @@ async def _round(
 
     url = baseline.url if path == "baseline" else deployment.url
     cpu = baseline.cpu_s if path == "baseline" else deployment.cpu_s
+    started = time.time()
     before, servers_before, tcp_before = cpu(), server_cpu_s(), tcp_counters()
     load = await open_loop(
         url,
@@ -174,6 +183,10 @@ async def _round(
         on_accepted=long_poll if path == "longpoll" else None,
     )
     after, servers_after, tcp_after = cpu(), server_cpu_s(), tcp_counters()
+    joined = None
+    if path != "baseline":
+        found = await asyncio.to_thread(deployment.query, _JOINED, (started, time.time()))
+        joined = {"late": int(found[0][0]), "of": int(found[0][1])}
     latencies: list[float] = []
     finished: list[float] = []
     wrong = 0
@@ -212,6 +225,8 @@ async def _round(
         "server_cpu_ms_per_request": server_cpu_per(servers_before, servers_after, len(latencies)),
         # Whether callers queued in the kernel before the service accepted them.
         "tcp": tcp_delta(tcp_before, tcp_after),
+        # Requests that rode in a batch sent before the batcher held them (late joiners).
+        "joined": joined,
     }
 
 

@@ -4,12 +4,13 @@ The batcher sends a slot its next batch ahead of the running one's end (the pipe
 so that the claim, the Celery hand-over and the lease are done when the slot frees. A request
 that arrives within that lead would otherwise miss the batch and wait a whole batch more. So a
 batch sent behind a running one, with room, is *joinable*: until its model starts, the batcher
-offers it the requests that arrive, by id (with when the batcher received each), in the
-batch's join box. The worker seals the box
-the moment its slot frees, takes what was offered, claims those still queued into the batch
-(one statement, fenced by the batch's attempt) and runs them with the rest.
+offers it the requests that arrive (what the worker runs: input, parameters, when it was
+created and when the batcher held it) in the batch's join box. The worker seals the box the
+moment its slot frees, takes what was offered and runs it with the rest at once, while it
+claims those still queued into the batch (one statement, fenced by the batch's attempt); its
+results write waits for that claim and keeps only the answers of those it claimed.
 
-The box only carries ids; Postgres decides. A request the worker claimed is the batch's (its
+The box decides nothing; Postgres does. A request the worker claimed is the batch's (its
 lease, its reaping, its results); one it did not (cancelled meanwhile, the worker died first,
 the box sealed before the offer) is still ``queued`` and the batcher, which holds its broker
 delivery until then, batches it again. Each offer is all or nothing: refused once sealed.
@@ -24,9 +25,13 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import NamedTuple
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
+import orjson
 import redis.asyncio as aioredis
+
+from batchserve.core.domain import BatchItem
 
 # How long a box outlives its last offer or its seal: far past any batch's start.
 JOIN_TTL_S = 600.0
@@ -47,18 +52,34 @@ return offered
 """
 
 
-class Joiner(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Joiner:
+    """A request offered to a batch: what the worker runs, and when the batcher held it."""
+
     request_id: str
-    received_at: float  # when the batcher first held it
+    received_at: float
+    input: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    created_at: float = 0.0
+
+    def item(self) -> BatchItem:
+        return BatchItem(
+            request_id=self.request_id,
+            input=self.input,
+            messages=self.messages,
+            params=self.params,
+            created_at=self.created_at,
+            received_at=self.received_at,
+        )
 
 
-def _encode(joiner: Joiner) -> str:
-    return f"{joiner.request_id} {joiner.received_at!r}"
+def _encode(joiner: Joiner) -> bytes:
+    return orjson.dumps(asdict(joiner))
 
 
 def _decode(raw: bytes | str) -> Joiner:
-    request_id, _, received_at = (raw.decode() if isinstance(raw, bytes) else raw).partition(" ")
-    return Joiner(request_id, float(received_at))
+    return Joiner(**orjson.loads(raw))
 
 
 class JoinBox(ABC):
@@ -115,7 +136,7 @@ class RedisJoinBox(JoinBox):
     async def offer(self, batch_id: uuid.UUID, joiners: Sequence[Joiner]) -> bool:
         if not joiners:
             return True
-        args = [self._ttl_ms, *(_encode(j) for j in joiners)]
+        args: list[bytes | str] = [self._ttl_ms, *(_encode(j) for j in joiners)]
         return bool(await self._offer(keys=self._keys(batch_id), args=args))
 
     async def take(self, batch_id: uuid.UUID) -> list[Joiner]:

@@ -335,10 +335,11 @@ class OpenBatch:
         self.starting = asyncio.create_task(runner.claim_lease(self.batch_id, worker))
         self._holding = asyncio.create_task(runner.hold_lease(self.batch_id, worker, self.starting))
         self.model_started = runner.clock()
-        self.early = _EarlyResults(runner, message, self.starting, self.model_started)
+        self.early = _EarlyResults(runner, message, self.starting, self.model_started, self)
         self.ours = False
         self.isolating = False
         self.joined: frozenset[str] = frozenset()  # late joiners claimed into it here
+        self._claiming: asyncio.Task[None] | None = None
 
     async def started(self) -> None:
         start = await self.starting
@@ -346,10 +347,12 @@ class OpenBatch:
         self.isolating = isinstance(start, BatchStart) and start.isolating
 
     async def take_joiners(self) -> None:
-        """As the model is about to start: seal the batch's join box and claim into the batch
-        what the batcher offered it meanwhile (``batchserve/core/joins.py``), to run with the
-        rest. What is not claimed here stays queued, and the batcher batches it again."""
-        runner, joins = self.runner, self.runner.joins
+        """As the model is about to start: seal the batch's join box and take what the
+        batcher offered it meanwhile (``batchserve/core/joins.py``), to run with the rest at
+        once, while they are claimed into the batch; only the answers of those claimed are
+        kept (:meth:`conclude` waits for the claim). What is not claimed stays queued, and the
+        batcher batches it again."""
+        joins = self.runner.joins
         if joins is None or not self.message.joinable or not self.ours or self.isolating:
             return
         start = await self.starting
@@ -361,26 +364,33 @@ class OpenBatch:
             return
         if not offered:
             return
-        ids = [j.request_id for j in offered]
+        items = tuple(j.item() for j in offered)
+        self.message = replace(self.message, items=self.message.items + items)
+        self.early.join(self.message, items)
+        self._claiming = asyncio.create_task(self._claim_joiners(start.attempt, items))
+
+    async def _claim_joiners(self, attempt: int, items: tuple[BatchItem, ...]) -> None:
+        runner, ids = self.runner, [i.request_id for i in items]
         try:
             claimed = await runner.store.join_batch(
-                self.batch_id, attempt=start.attempt, model=self.message.model, request_ids=ids
+                self.batch_id, attempt=attempt, model=self.message.model, request_ids=ids
             )
         except Exception as error:
-            # The claim may have committed: run what runs under the batch now, or nothing
-            # written ever closes it (a failure here leaves the lease to run out).
+            # The claim may have committed: keep what runs under the batch now, or nothing
+            # written would ever close those (a failure here leaves the lease to run out).
             log.warning("join_unsure", batch_id=self.batch_id, error=error)
             claimed = await runner._with_patience(
                 self.batch_id, functools.partial(runner.store.joined_members, self.batch_id, ids)
             )
-        received = {j.request_id: j.received_at for j in offered}
-        items = tuple(c.item(received[c.id]) for c in claimed)
-        metrics().batch_joiners.labels(self.message.model).inc(len(items))
-        log.info("batch_joined", batch_id=self.batch_id, offered=len(ids), joined=len(items))
-        if items:
-            self.message = replace(self.message, items=self.message.items + items)
-            self.joined = frozenset(i.request_id for i in items)
-            self.early.join(self.message, items)
+        self.joined = frozenset(c.id for c in claimed)
+        metrics().batch_joiners.labels(self.message.model).inc(len(self.joined))
+        log.info("batch_joined", batch_id=self.batch_id, offered=len(ids), joined=len(claimed))
+
+    async def joiners_claimed(self) -> frozenset[str]:
+        """The late joiners claimed into the batch (after the claim, if one is under way)."""
+        if self._claiming is not None:
+            await self._claiming
+        return self.joined
 
     def run_model(self) -> RunOutput:
         """Blocking: run the model over the batch (results of early finishers go out first)."""
@@ -410,8 +420,8 @@ class OpenBatch:
                 return
             assert output is not None
             annotate(attempt=start.attempt)
-            if self.joined:
-                start = replace(start, live_ids=start.live_ids | self.joined)
+            if joined := await self.joiners_claimed():
+                start = replace(start, live_ids=start.live_ids | joined)
             # The results' write does not wait for the announcement's round trip to Redis
             # (which never raises: ``EventBus.publish`` is best effort).
             await asyncio.gather(
@@ -448,13 +458,14 @@ class _EarlyResults:
         message: BatchMessage,
         starting: asyncio.Task[BatchStart | Reaped | None],
         model_started: float,
+        batch: OpenBatch,
     ) -> None:
+        self._batch = batch
         self._runner = runner
         self._message = message
         self._starting = starting
         self._model_started = model_started
         self._items = {i.request_id: i for i in message.items}
-        self._joined: set[str] = set()
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[ItemResult | None] = asyncio.Queue()
         self.written: set[str] = set()
@@ -465,7 +476,6 @@ class _EarlyResults:
         """Late joiners claimed into the batch before its model starts."""
         self._message = message
         self._items.update((i.request_id, i) for i in items)
-        self._joined.update(i.request_id for i in items)
 
     def hand_over(self, result: ItemResult) -> None:
         """Called from the model's thread."""
@@ -493,7 +503,8 @@ class _EarlyResults:
         start = await self._starting
         if not isinstance(start, BatchStart):
             return  # not our batch to write
-        group = [r for r in group if r.request_id in start.live_ids or r.request_id in self._joined]
+        joined = await self._batch.joiners_claimed()
+        group = [r for r in group if r.request_id in start.live_ids or r.request_id in joined]
         now = self._runner.clock()
         model_ms = (now - self._model_started) * 1000.0
         outcomes = [

@@ -119,8 +119,10 @@ class Rig:
         return ids
 
     async def decide(self) -> None:
+        """Step until the batcher has nothing more to do now, its offers made."""
         for _ in range(100):
             due = await self.batcher.step(self.clock())
+            await self.batcher.offered()
             if due is None or due > self.clock():
                 return
         raise AssertionError("the batcher never settled")
@@ -205,7 +207,11 @@ async def test_an_offer_the_worker_never_took_comes_back_to_the_batcher(tmp_path
     assert set(joiners) <= set(dispatched)
 
 
-async def test_a_joiner_cancelled_before_the_worker_claims_it_is_not_run(tmp_path: Path) -> None:
+async def test_a_joiner_cancelled_before_the_worker_claims_it_keeps_no_answer(
+    tmp_path: Path,
+) -> None:
+    """The model starts on what was offered while the worker claims it: the claim of a
+    request cancelled meanwhile fails, and its answer is dropped, not written."""
     rig = Rig(tmp_path)
     await rig.batcher.start(background=False)
     running, behind = await rig.send_behind()
@@ -213,7 +219,9 @@ async def test_a_joiner_cancelled_before_the_worker_claims_it_is_not_run(tmp_pat
     await rig.decide()
     await rig.store.cancel(uuid.UUID(joiners[0]), tenant="t1", now=rig.clock())
     await rig.runner.run(behind)
-    assert rig.backend.batches == [[behind.items[0].request_id, joiners[1]]]
+    assert rig.backend.batches == [[behind.items[0].request_id, *joiners]]
+    cancelled = await rig.store.get(uuid.UUID(joiners[0]))
+    assert cancelled is not None and cancelled.output is None
     rig.closed(running)
     rig.closed(behind)
     await rig.decide()

@@ -102,6 +102,14 @@ _TAKE_LEASE = (
     )
     .returning(batches_t.c.attempt, batches_t.c.isolation_group)
 )
+_QUEUED_INPUTS = select(*(requests_t.c[f.name] for f in fields(ClaimedRequest))).where(
+    requests_t.c.id.in_(bindparam("ids", expanding=True)),
+    requests_t.c.state == S.QUEUED.value,
+)
+_QUEUED_INPUTS_PG = (
+    "SELECT " + ", ".join(f.name for f in fields(ClaimedRequest)) + " FROM requests"
+    " WHERE id = ANY(%(ids)s) AND state = '" + S.QUEUED.value + "'"
+)
 # join_batch through the engine: the batch open and leased by this attempt, then its growth.
 _HELD = (
     select(batches_t.c.id)
@@ -199,6 +207,21 @@ class BatchVerbs(StoreBase):
                 S.RUNNING, [c.id for c in claimed], batch_id=str(batch_id), model=model
             )
         return claimed
+
+    async def queued_inputs(self, request_ids: Sequence[str]) -> list[ClaimedRequest]:
+        """What a worker runs of each of these requests still queued (the batcher reads it to
+        offer late joiners; nothing changes)."""
+        ids = [uuid.UUID(i) for i in request_ids]
+        if not ids:
+            return []
+        if self.statements is not None:
+            rows: Sequence[Mapping[Any, Any]] = await self.statements.fetchall(
+                _QUEUED_INPUTS_PG, {"ids": ids}
+            )
+        else:
+            async with autocommit(self.engine) as conn:
+                rows = (await conn.execute(_QUEUED_INPUTS, {"ids": ids})).mappings().all()
+        return [_claimed(r) for r in rows]
 
     async def joined_members(
         self, batch_id: uuid.UUID, request_ids: Sequence[str]
