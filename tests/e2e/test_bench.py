@@ -207,6 +207,10 @@ def test_frontdoor_answers_every_caller_on_each_path_beside_the_baseline(
         assert set(servers) == {"postgres", "rabbitmq", "redis"} and min(servers.values()) >= 0
         if row["path"] != "baseline":  # every durable request is written to Postgres
             assert servers["postgres"] > 0, row
+            # Of the round's requests, those that joined a batch sent before they arrived.
+            assert 0 <= row["joined"]["late"] <= row["joined"]["of"] == row["sent"], row
+        else:
+            assert row["joined"] is None
         # The kernel's counters over the round (the host's): its callers' connections at least.
         assert set(row["tcp"]) == {"accepted", "listen_overflows", "resets"}, row
         assert row["tcp"]["accepted"] >= 1, row
