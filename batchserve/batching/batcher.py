@@ -50,7 +50,6 @@ from batchserve.core.domain import (
     Event,
     Lane,
     QueueMessage,
-    RequestState,
     SequencesFreed,
 )
 from batchserve.core.errors import Unavailable
@@ -63,6 +62,7 @@ from batchserve.core.metrics import metrics
 from batchserve.core.republish import republish
 from batchserve.core.slots import SlotDirectory
 from batchserve.core.store import ClaimedRequest, JobStore
+from batchserve.core.store.base import S
 from batchserve.models.plugins import plugin_for
 from batchserve.models.registry import ModelSpec
 
@@ -80,6 +80,7 @@ class _Entry:
     pending: Pending
     received_at: float
     deliveries: list[Delivery] = field(default_factory=list)
+    created_at: float = 0.0
 
 
 @dataclass(slots=True)
@@ -87,6 +88,7 @@ class _Joinable:
     """A batch sent behind a running one with room: requests that arrive before its model
     starts are offered to it (``batchserve/core/joins.py``)."""
 
+    size: int  # as dispatched
     room: int
     tokens: int
     length_class: int
@@ -257,7 +259,9 @@ class ModelBatcher(BatcherJobs):
                 group=message.group,
                 tenant=message.tenant,
             )
-            entry = self.pending[message.id] = _Entry(pending, received_at)
+            entry = self.pending[message.id] = _Entry(
+                pending, received_at, created_at=message.created_at
+            )
             if fresh:
                 self.rate.observe(received_at)
             if message.group is not None:
@@ -563,6 +567,7 @@ class ModelBatcher(BatcherJobs):
     ) -> _Joinable:
         taken = {c.id for c in claimed}
         return _Joinable(
+            size=len(claimed),
             room=self.policy.max_batch_size - len(claimed),
             tokens=sum(p.cost_tokens for p in batch if p.id in taken),
             length_class=length_class(batch[0].max_tokens, self.policy.length_edges),
@@ -675,12 +680,17 @@ class ModelBatcher(BatcherJobs):
             joinable = self.joinable[batch_id]
             if joinable.offered:
                 try:
-                    states = await self._store.states_of(list(joinable.offered))
+                    placed = await self._store.placements_of(list(joinable.offered))
                 except Unavailable as error:
                     log.warning("joiners_unsettled", batch_id=batch_id, error=error)
                     return  # at the next step
                 offered = dict(joinable.offered)
-                back = {r: e for r, e in offered.items() if states.get(r) is RequestState.QUEUED}
+                back = {r: e for r, e in offered.items() if placed.get(r, (None,))[0] is S.QUEUED}
+                joined = [
+                    e
+                    for r, e in offered.items()
+                    if placed.get(r, (None, None))[1] == batch_id and r not in back
+                ]
                 self._take_back(joinable, back)  # a twin: republished meanwhile (reaped)
                 for request_id, entry in offered.items():
                     if request_id not in back:
@@ -695,6 +705,12 @@ class ModelBatcher(BatcherJobs):
                 )
                 if back:
                     self._wake.set()
+            else:
+                joined = []
+            self._observe_size(joinable.size + len(joined))
+            self._observe_waits(
+                [(e.pending.lane, e.created_at, e.received_at, e.received_at) for e in joined]
+            )
             del self.joinable[batch_id]
 
     def _message(
@@ -732,23 +748,30 @@ class ModelBatcher(BatcherJobs):
         return self.spec.time_limit_s or time_limit_s(estimated_s)
 
     def _observe_dispatch(self, message: BatchMessage) -> None:
-        """Batch size and fill, and each member's waits (the same spans as its timings)."""
-        model = self.spec.name
-        found = metrics()
-        found.batches_dispatched.labels(model).inc()
-        found.batch_size.labels(model).observe(len(message.items))
-        found.batch_fill_ratio.labels(model).observe(
-            len(message.items) / self.policy.max_batch_size
-        )
+        """Batch size and fill (a joinable batch's once its late joiners are known), and each
+        member's waits (the same spans as its timings)."""
+        metrics().batches_dispatched.labels(self.spec.name).inc()
+        if not message.joinable:
+            self._observe_size(len(message.items))
+        waits = []
         for item in message.items:
             entry = self.pending.get(item.request_id)
-            lane = entry.pending.lane.value if entry is not None else Lane.INTERACTIVE.value
-            found.queue_wait.labels(model, lane).observe(
-                max(0.0, item.received_at - item.created_at)
-            )
-            found.batch_wait.labels(model, lane).observe(
-                max(0.0, message.dispatched_at - item.received_at)
-            )
+            lane = entry.pending.lane if entry is not None else Lane.INTERACTIVE
+            waits.append((lane, item.created_at, item.received_at, message.dispatched_at))
+        self._observe_waits(waits)
+
+    def _observe_size(self, size: int) -> None:
+        found = metrics()
+        found.batch_size.labels(self.spec.name).observe(size)
+        found.batch_fill_ratio.labels(self.spec.name).observe(size / self.policy.max_batch_size)
+
+    def _observe_waits(self, waits: list[tuple[Lane, float, float, float]]) -> None:
+        """(lane, created, received, its batch left) of each member: its queue and batch waits
+        (a late joiner's batch left before it was received: no batch wait)."""
+        found, model = metrics(), self.spec.name
+        for lane, created_at, received_at, left_at in waits:
+            found.queue_wait.labels(model, lane.value).observe(max(0.0, received_at - created_at))
+            found.batch_wait.labels(model, lane.value).observe(max(0.0, left_at - received_at))
 
     async def _settle(self, ids: list[str]) -> None:
         for request_id in ids:

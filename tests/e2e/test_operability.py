@@ -150,8 +150,15 @@ async def test_metrics_of_every_role_are_present_and_move_under_load(
         return value(now, "batchserve_queue_depth", model=ECHO) == 0
 
     await until(settled)
+    batcher_metrics = f"http://127.0.0.1:{ports['batcher']}/metrics"
+
+    async def sized() -> bool:  # a batch that took late joiners is sized once they are settled
+        now = await scrape(batcher_metrics)
+        return value(now, "batchserve_batch_size_sum", model=ECHO) == len(ids)
+
+    await until(sized)
     api = await scrape(api_metrics)
-    batcher = await scrape(f"http://127.0.0.1:{ports['batcher']}/metrics")
+    batcher = await scrape(batcher_metrics)
     worker = await scrape(f"http://127.0.0.1:{ports['worker']}/metrics")
     maintenance = await scrape(f"http://127.0.0.1:{ports['maintenance']}/metrics")
     webhooks = await scrape(webhooks_metrics)

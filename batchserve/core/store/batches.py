@@ -240,15 +240,21 @@ class BatchVerbs(StoreBase):
 
     async def states_of(self, request_ids: Sequence[str]) -> dict[str, S]:
         """The state of each of these requests that exists."""
+        return {r: state for r, (state, _) in (await self.placements_of(request_ids)).items()}
+
+    async def placements_of(
+        self, request_ids: Sequence[str]
+    ) -> dict[str, tuple[S, uuid.UUID | None]]:
+        """The state of each of these requests that exists, and the batch it ran in last."""
         ids = [uuid.UUID(i) for i in request_ids]
         if not ids:
             return {}
-        query = select(requests_t.c.id, requests_t.c.state).where(
+        query = select(requests_t.c.id, requests_t.c.state, requests_t.c.batch_id).where(
             requests_t.c.id.in_(bindparam("ids", expanding=True))
         )
         async with autocommit(self.engine) as conn:
             rows = (await conn.execute(query, {"ids": ids})).all()
-        return {str(r[0]): S(r[1]) for r in rows}
+        return {str(r[0]): (S(r[1]), r[2]) for r in rows}
 
     async def start_batch(
         self, batch_id: uuid.UUID, worker: str, now: float, lease_s: float
