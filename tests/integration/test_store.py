@@ -861,3 +861,21 @@ async def test_late_joiners_are_claimed_only_into_an_open_batch_this_attempt_hol
     later = await submit(store, command("e"))
     assert await store.join_batch(batch_id, attempt=1, model="echo-100ms", request_ids=later) == []
     assert (await store.states_of(later))[later[0]] is S.QUEUED
+
+
+async def test_late_joiners_of_a_batch_whose_worker_died_are_requeued_with_it(
+    store: JobStore,
+) -> None:
+    """A worker that claimed late joiners and died: the reap sends them back with the batch's
+    own members (each once), as suspects of the crash like them."""
+    first = await submit(store, command("a"), command("b"))
+    batch_id = await claim(store, first)
+    start = await store.start_batch(batch_id, "w1", time.time(), 2.0)
+    assert isinstance(start, BatchStart)
+    joiners = await submit(store, command("c"), command("d"))
+    claimed = await store.join_batch(batch_id, attempt=1, model="echo-100ms", request_ids=joiners)
+    assert len(claimed) == 2
+    reaped = await store.reap_batch(batch_id, now=time.time(), outcome=BatchOutcome.CRASHED)
+    assert sorted(m.id for m in reaped.requeued) == sorted([*first, *joiners])
+    assert set((await store.states_of([*first, *joiners])).values()) == {S.QUEUED}
+    assert len({m.group for m in reaped.requeued}) == 2  # in halves, joiners among them
