@@ -879,3 +879,38 @@ async def test_late_joiners_of_a_batch_whose_worker_died_are_requeued_with_it(
     assert sorted(m.id for m in reaped.requeued) == sorted([*first, *joiners])
     assert set((await store.states_of([*first, *joiners])).values()) == {S.QUEUED}
     assert len({m.group for m in reaped.requeued}) == 2  # in halves, joiners among them
+
+
+async def test_lease_renewals_do_not_wait_for_postgres_to_flush(
+    store: JobStore, request: pytest.FixtureRequest
+) -> None:
+    """A renewal commits without waiting for the WAL flush (``synchronous_commit`` off for its
+    transaction alone), so a busy disk cannot hold it past the lease it extends; it still
+    extends the lease."""
+    from sqlalchemy import event
+
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        seen.append(" ".join(statement.split()))
+
+    event.listen(store.engine.sync_engine, "before_cursor_execute", record)
+    try:
+        ids = await submit(store, command("a"))
+        batch_id = await claim(store, ids)
+        start = await store.start_batch(batch_id, "w1", time.time(), 2.0)
+        assert isinstance(start, BatchStart)
+        seen.clear()
+        assert await store.renew_lease(batch_id, "w1", 1, time.time() + 30.0)
+        assert await store.renew_leases([(batch_id, "w1")], time.time() + 60.0) == {batch_id}
+    finally:
+        event.remove(store.engine.sync_engine, "before_cursor_execute", record)
+    renewals = [s for s in seen if s.startswith("UPDATE batches")]
+    asynchronous = [s for s in seen if s == "SET LOCAL synchronous_commit = off"]
+    assert len(renewals) == 2
+    postgres = "postgres" in request.node.callspec.params["store"]
+    assert len(asynchronous) == (2 if postgres else 0)
+    if postgres:  # each right before its renewal
+        assert [seen.index(a) + 1 for a in asynchronous[:1]] == [seen.index(renewals[0])]
+    expired = await store.expired_leases(time.time() + 50.0)
+    assert batch_id not in {e.batch_id for e in expired}  # held until +60 s

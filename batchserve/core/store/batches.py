@@ -110,6 +110,7 @@ _QUEUED_INPUTS_PG = (
     "SELECT " + ", ".join(f.name for f in fields(ClaimedRequest)) + " FROM requests"
     " WHERE id = ANY(%(ids)s) AND state = '" + S.QUEUED.value + "'"
 )
+_ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")
 # join_batch through the engine: the batch open and leased by this attempt, then its growth.
 _HELD = (
     select(batches_t.c.id)
@@ -305,10 +306,20 @@ class BatchVerbs(StoreBase):
             return await self.reap_batch(batch_id, now=now, outcome=BatchOutcome.CRASHED)
         return BatchStart(attempt=attempt, live_ids=live_ids, isolating=isolating)
 
+    async def _renewing(self, conn: AsyncConnection) -> None:
+        """A renewal's commit does not wait for Postgres's WAL flush: a disk busy with other
+        writes (a checkpoint, another database being copied) then cannot hold it past the
+        lease it extends. Were Postgres to crash before the flush, the renewal is lost and the
+        batch may be reaped once its earlier expiry passes: its results are fenced out and its
+        requests run again; nothing is lost or answered twice."""
+        if self._postgres:
+            await conn.execute(_ASYNC_COMMIT)
+
     async def renew_lease(
         self, batch_id: uuid.UUID, worker: str, attempt: int, until: float
     ) -> bool:
         async with transaction(self.engine) as conn:
+            await self._renewing(conn)
             result = await conn.execute(
                 update(batches_t)
                 .where(
@@ -329,6 +340,7 @@ class BatchVerbs(StoreBase):
         if not held:
             return set()
         async with transaction(self.engine) as conn:
+            await self._renewing(conn)
             rows = await conn.execute(
                 update(batches_t)
                 .where(
