@@ -473,7 +473,7 @@ class _EarlyResults:
         self._task = asyncio.create_task(self._write_forever())
 
     def join(self, message: BatchMessage, items: Sequence[BatchItem]) -> None:
-        """Late joiners claimed into the batch before its model starts."""
+        """Late joiners taken as the model starts (their answers are kept once claimed)."""
         self._message = message
         self._items.update((i.request_id, i) for i in items)
 
