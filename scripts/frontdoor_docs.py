@@ -1390,8 +1390,9 @@ validation, the four ASGI middlewares, uvicorn's protocol and the long-poll's wa
 flame graph now (the dependencies since resolved directly, and a long-poll's first read mostly
 gone: the last sections below). The latency gap is the hand-overs in the stage table: commit and publish to
 the batcher (`to_batcher`), the batch's claim, Celery publish and lease (`dispatch`, which the
-learned lead hides only in part), the results' write and notification (`write_notify`) and the
-long-poll's answer (`poll`).
+learned lead hides, and which no longer makes the requests arriving within it wait a batch more:
+late joiners, below), the results' write and notification (`write_notify`) and the long-poll's
+answer (`poll`).
 """
 
 PROCESSES = """
