@@ -24,7 +24,8 @@ from __future__ import annotations
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -98,27 +99,46 @@ class JoinBox(ABC):
 
 
 class MemoryJoinBox(JoinBox):
-    def __init__(self, ttl_s: float = JOIN_TTL_S) -> None:
+    """The embedded mode's boxes: like Redis's, each forgotten ``ttl_s`` after its last offer
+    or its seal (a box offered to a batch that never ran does not stay)."""
+
+    def __init__(
+        self, ttl_s: float = JOIN_TTL_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._ttl_s = ttl_s
-        self._offered: dict[uuid.UUID, list[Joiner]] = {}
-        self._sealed: dict[uuid.UUID, float] = {}  # batch -> when its seal lapses
+        self._clock = clock
+        self._offered: OrderedDict[uuid.UUID, tuple[float, list[Joiner]]] = OrderedDict()
+        self._sealed: OrderedDict[uuid.UUID, float] = OrderedDict()  # batch -> seal lapses at
+
+    def __len__(self) -> int:
+        """Boxes held (offered to or sealed)."""
+        return len(self._offered) + len(self._sealed)
 
     def _forget_old(self, now: float) -> None:
-        for batch_id in [b for b, until in self._sealed.items() if until <= now]:
-            del self._sealed[batch_id]
+        # Each kept in order of its expiry (refreshed ones moved to the end).
+        for held in (self._sealed, self._offered):
+            while held:
+                first = next(iter(held))
+                until = self._sealed[first] if held is self._sealed else self._offered[first][0]
+                if until > now:
+                    break
+                del held[first]
 
     async def offer(self, batch_id: uuid.UUID, joiners: Sequence[Joiner]) -> bool:
-        self._forget_old(time.monotonic())
+        now = self._clock()
+        self._forget_old(now)
         if batch_id in self._sealed:
             return False
-        self._offered.setdefault(batch_id, []).extend(joiners)
+        _, offered = self._offered.pop(batch_id, (0.0, []))
+        self._offered[batch_id] = (now + self._ttl_s, [*offered, *joiners])
         return True
 
     async def take(self, batch_id: uuid.UUID) -> list[Joiner]:
-        now = time.monotonic()
+        now = self._clock()
         self._forget_old(now)
+        self._sealed.pop(batch_id, None)
         self._sealed[batch_id] = now + self._ttl_s
-        return self._offered.pop(batch_id, [])
+        return self._offered.pop(batch_id, (0.0, []))[1]
 
 
 class RedisJoinBox(JoinBox):

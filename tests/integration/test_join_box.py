@@ -42,22 +42,23 @@ async def test_offers_are_taken_once_and_refused_after_the_seal(box: JoinBox) ->
 async def test_every_offer_is_either_taken_or_refused_when_they_race_the_seal(
     box: JoinBox,
 ) -> None:
+    """Offers before the seal are taken, offers after it refused, and offers racing it each
+    one or the other: none accepted and lost, none refused and taken."""
     batch = uuid.uuid4()
 
     async def offer(n: int) -> tuple[str, bool]:
         await asyncio.sleep(0.0005 * (n % 7))
         return f"r{n}", await box.offer(batch, [Joiner(f"r{n}", float(n))])
 
-    async def seal() -> list[Joiner]:
-        await asyncio.sleep(0.002)
-        return await box.take(batch)
-
-    sealing = asyncio.create_task(seal())
-    answers = await asyncio.gather(*(offer(n) for n in range(40)))
+    before = await asyncio.gather(*(offer(n) for n in range(10)))
+    sealing = asyncio.create_task(box.take(batch))
+    racing = await asyncio.gather(*(offer(n) for n in range(10, 40)))
     taken = {j.request_id for j in await sealing}
-    accepted = {r for r, ok in answers if ok}
-    assert len(accepted) < len(answers)  # the seal came before some of them
-    assert accepted == taken  # none accepted and lost, none refused and taken
+    after = await asyncio.gather(*(offer(n) for n in range(40, 50)))
+    assert all(ok for _, ok in before) and not any(ok for _, ok in after)
+    accepted = {r for r, ok in [*before, *racing] if ok}
+    assert accepted == taken
+    assert {f"r{n}" for n in range(10)} <= taken
 
 
 @pytest.mark.usefixtures("live_servers")
@@ -73,3 +74,21 @@ async def test_a_redis_box_expires(run_id: str) -> None:
         assert 0 < ttl <= 60_000
     finally:
         await made.close()
+
+
+async def test_the_memory_box_forgets_boxes_past_their_ttl() -> None:
+    """A box offered to a batch that never ran, and a seal, are both forgotten ``ttl_s`` after
+    their last use, as Redis's keys expire (the embedded mode runs for months)."""
+    now = [0.0]
+    box = MemoryJoinBox(ttl_s=10.0, clock=lambda: now[0])
+    never_ran, ran = uuid.uuid4(), uuid.uuid4()
+    assert await box.offer(never_ran, [Joiner("a", 1.0)])
+    assert await box.offer(ran, [Joiner("b", 1.0)])
+    now[0] = 5.0
+    assert await box.take(ran) == [Joiner("b", 1.0)]
+    assert await box.offer(never_ran, [Joiner("c", 5.0)])  # refreshed by its last offer
+    now[0] = 14.0
+    assert len(box) == 2  # both still within 10 s of their last use
+    assert not await box.offer(ran, [Joiner("d", 14.0)])
+    now[0] = 15.5
+    assert await box.take(uuid.uuid4()) == [] and len(box) == 1  # only the new seal is left
