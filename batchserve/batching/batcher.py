@@ -55,7 +55,7 @@ from batchserve.core.domain import (
 from batchserve.core.errors import Unavailable
 from batchserve.core.events import SLOTS, EventBus, Subscription
 from batchserve.core.ids import uuid7
-from batchserve.core.joins import JoinBox, Joiner
+from batchserve.core.joins import JoinBox
 from batchserve.core.loadboard import LoadBoard, LoadSnapshot
 from batchserve.core.logs import get_logger
 from batchserve.core.metrics import metrics
@@ -615,10 +615,7 @@ class ModelBatcher(BatcherJobs):
                 joinable.open = False
                 self._take_back(joinable, entries)
                 return
-            joiners = [
-                Joiner(c.id, entries[c.id].received_at, c.input, c.messages, c.params, c.created_at)
-                for c in found
-            ]
+            joiners = [c.item(entries[c.id].received_at) for c in found]
             try:
                 accepted = await self._joins.offer(batch_id, joiners)
             except Exception as error:  # maybe offered: settling reads what became of them

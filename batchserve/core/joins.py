@@ -26,8 +26,6 @@ import uuid
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
@@ -53,44 +51,24 @@ return offered
 """
 
 
-@dataclass(frozen=True, slots=True)
-class Joiner:
-    """A request offered to a batch: what the worker runs, and when the batcher held it."""
-
-    request_id: str
-    received_at: float
-    input: str | None = None
-    messages: list[dict[str, Any]] | None = None
-    params: dict[str, Any] = field(default_factory=dict)
-    created_at: float = 0.0
-
-    def item(self) -> BatchItem:
-        return BatchItem(
-            request_id=self.request_id,
-            input=self.input,
-            messages=self.messages,
-            params=self.params,
-            created_at=self.created_at,
-            received_at=self.received_at,
-        )
+# A joiner travels as the batch item the worker runs (its ``received_at``: when the batcher
+# held it).
+def _encode(item: BatchItem) -> bytes:
+    return orjson.dumps(item.as_dict())
 
 
-def _encode(joiner: Joiner) -> bytes:
-    return orjson.dumps(asdict(joiner))
-
-
-def _decode(raw: bytes | str) -> Joiner:
-    return Joiner(**orjson.loads(raw))
+def _decode(raw: bytes | str) -> BatchItem:
+    return BatchItem(**orjson.loads(raw))
 
 
 class JoinBox(ABC):
     @abstractmethod
-    async def offer(self, batch_id: uuid.UUID, joiners: Sequence[Joiner]) -> bool:
-        """Offer ``joiners`` to a batch whose model has not started: ``False`` once it has
-        (the box is sealed), and then none of them is offered."""
+    async def offer(self, batch_id: uuid.UUID, joiners: Sequence[BatchItem]) -> bool:
+        """Offer ``joiners`` (as the worker will run them) to a batch whose model has not
+        started: ``False`` once it has (the box is sealed), and then none of them is offered."""
 
     @abstractmethod
-    async def take(self, batch_id: uuid.UUID) -> list[Joiner]:
+    async def take(self, batch_id: uuid.UUID) -> list[BatchItem]:
         """Seal the batch's box and return what was offered to it (the worker, as its model
         starts)."""
 
@@ -107,7 +85,7 @@ class MemoryJoinBox(JoinBox):
     ) -> None:
         self._ttl_s = ttl_s
         self._clock = clock
-        self._offered: OrderedDict[uuid.UUID, tuple[float, list[Joiner]]] = OrderedDict()
+        self._offered: OrderedDict[uuid.UUID, tuple[float, list[BatchItem]]] = OrderedDict()
         self._sealed: OrderedDict[uuid.UUID, float] = OrderedDict()  # batch -> seal lapses at
 
     def __len__(self) -> int:
@@ -124,7 +102,7 @@ class MemoryJoinBox(JoinBox):
                     break
                 del held[first]
 
-    async def offer(self, batch_id: uuid.UUID, joiners: Sequence[Joiner]) -> bool:
+    async def offer(self, batch_id: uuid.UUID, joiners: Sequence[BatchItem]) -> bool:
         now = self._clock()
         self._forget_old(now)
         if batch_id in self._sealed:
@@ -133,7 +111,7 @@ class MemoryJoinBox(JoinBox):
         self._offered[batch_id] = (now + self._ttl_s, [*offered, *joiners])
         return True
 
-    async def take(self, batch_id: uuid.UUID) -> list[Joiner]:
+    async def take(self, batch_id: uuid.UUID) -> list[BatchItem]:
         now = self._clock()
         self._forget_old(now)
         self._sealed.pop(batch_id, None)
@@ -153,13 +131,13 @@ class RedisJoinBox(JoinBox):
         box = f"{self._prefix}.join.{batch_id}"
         return [box, f"{box}.sealed"]
 
-    async def offer(self, batch_id: uuid.UUID, joiners: Sequence[Joiner]) -> bool:
+    async def offer(self, batch_id: uuid.UUID, joiners: Sequence[BatchItem]) -> bool:
         if not joiners:
             return True
         args: list[bytes | str] = [self._ttl_ms, *(_encode(j) for j in joiners)]
         return bool(await self._offer(keys=self._keys(batch_id), args=args))
 
-    async def take(self, batch_id: uuid.UUID) -> list[Joiner]:
+    async def take(self, batch_id: uuid.UUID) -> list[BatchItem]:
         offered = await self._take(keys=self._keys(batch_id), args=[self._ttl_ms])
         return [_decode(raw) for raw in offered]
 

@@ -364,7 +364,7 @@ class OpenBatch:
             return
         if not offered:
             return
-        items = tuple(j.item() for j in offered)
+        items = tuple(offered)
         self.message = replace(self.message, items=self.message.items + items)
         self.early.join(self.message, items)
         self._claiming = asyncio.create_task(self._claim_joiners(start.attempt, items))

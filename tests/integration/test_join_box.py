@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 import redis
 
-from batchserve.core.joins import JoinBox, Joiner, MemoryJoinBox, RedisJoinBox
+from batchserve.core.domain import BatchItem
+from batchserve.core.joins import JoinBox, MemoryJoinBox, RedisJoinBox
 from tests.support import servers
 
 
@@ -29,14 +30,14 @@ async def box(request: pytest.FixtureRequest, run_id: str) -> AsyncIterator[Join
 
 async def test_offers_are_taken_once_and_refused_after_the_seal(box: JoinBox) -> None:
     batch = uuid.uuid4()
-    assert await box.offer(batch, [Joiner("a", 1.5), Joiner("b", 2.25)])
-    assert await box.offer(batch, [Joiner("c", 3.0)])
-    assert await box.take(batch) == [Joiner("a", 1.5), Joiner("b", 2.25), Joiner("c", 3.0)]
-    assert not await box.offer(batch, [Joiner("d", 4.0)])
+    assert await box.offer(batch, [joiner("a", 1.5), joiner("b", 2.25)])
+    assert await box.offer(batch, [joiner("c", 3.0)])
+    assert await box.take(batch) == [joiner("a", 1.5), joiner("b", 2.25), joiner("c", 3.0)]
+    assert not await box.offer(batch, [joiner("d", 4.0)])
     assert await box.take(batch) == []
     other = uuid.uuid4()  # boxes are per batch
-    assert await box.offer(other, [Joiner("e", 5.0)])
-    assert await box.take(other) == [Joiner("e", 5.0)]
+    assert await box.offer(other, [joiner("e", 5.0)])
+    assert await box.take(other) == [joiner("e", 5.0)]
 
 
 async def test_every_offer_is_either_taken_or_refused_when_they_race_the_seal(
@@ -48,7 +49,7 @@ async def test_every_offer_is_either_taken_or_refused_when_they_race_the_seal(
 
     async def offer(n: int) -> tuple[str, bool]:
         await asyncio.sleep(0.0005 * (n % 7))
-        return f"r{n}", await box.offer(batch, [Joiner(f"r{n}", float(n))])
+        return f"r{n}", await box.offer(batch, [joiner(f"r{n}", float(n))])
 
     before = await asyncio.gather(*(offer(n) for n in range(10)))
     sealing = asyncio.create_task(box.take(batch))
@@ -66,7 +67,7 @@ async def test_a_redis_box_expires(run_id: str) -> None:
     made = RedisJoinBox(servers.REDIS_URL, f"{run_id}jointtl", ttl_s=60.0)
     batch = uuid.uuid4()
     try:
-        assert await made.offer(batch, [Joiner("a", 1.0)])
+        assert await made.offer(batch, [joiner("a", 1.0)])
         await made.take(batch)
         client = redis.Redis.from_url(servers.REDIS_URL)
         ttl = client.pttl(f"{run_id}jointtl.join.{batch}.sealed")
@@ -82,13 +83,20 @@ async def test_the_memory_box_forgets_boxes_past_their_ttl() -> None:
     now = [0.0]
     box = MemoryJoinBox(ttl_s=10.0, clock=lambda: now[0])
     never_ran, ran = uuid.uuid4(), uuid.uuid4()
-    assert await box.offer(never_ran, [Joiner("a", 1.0)])
-    assert await box.offer(ran, [Joiner("b", 1.0)])
+    assert await box.offer(never_ran, [joiner("a", 1.0)])
+    assert await box.offer(ran, [joiner("b", 1.0)])
     now[0] = 5.0
-    assert await box.take(ran) == [Joiner("b", 1.0)]
-    assert await box.offer(never_ran, [Joiner("c", 5.0)])  # refreshed by its last offer
+    assert await box.take(ran) == [joiner("b", 1.0)]
+    assert await box.offer(never_ran, [joiner("c", 5.0)])  # refreshed by its last offer
     now[0] = 14.0
     assert len(box) == 2  # both still within 10 s of their last use
-    assert not await box.offer(ran, [Joiner("d", 14.0)])
+    assert not await box.offer(ran, [joiner("d", 14.0)])
     now[0] = 15.5
     assert await box.take(uuid.uuid4()) == [] and len(box) == 1  # only the new seal is left
+
+
+def joiner(request_id: str, received_at: float) -> BatchItem:
+    """A late joiner as a box carries it."""
+    return BatchItem(
+        request_id, f"input of {request_id}", None, {"max_tokens": 4}, 0.5, received_at
+    )

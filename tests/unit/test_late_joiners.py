@@ -19,6 +19,7 @@ from batchserve.batching.batcher import BatcherConfig, ModelBatcher
 from batchserve.core.broker import Delivery, MemoryRequestQueue
 from batchserve.core.domain import (
     BatchClosed,
+    BatchItem,
     BatchMessage,
     BatchOutcome,
     ItemResult,
@@ -27,7 +28,7 @@ from batchserve.core.domain import (
     RequestState,
 )
 from batchserve.core.events import MemoryEventBus
-from batchserve.core.joins import Joiner, MemoryJoinBox
+from batchserve.core.joins import MemoryJoinBox
 from batchserve.core.loadboard import MemoryLoadBoard
 from batchserve.core.slots import MemorySlotDirectory
 from batchserve.core.store import JobStore
@@ -248,8 +249,15 @@ async def test_a_stale_attempt_claims_no_joiner(tmp_path: Path) -> None:
 
 async def test_the_memory_join_box_refuses_every_offer_once_sealed() -> None:
     box, batch = MemoryJoinBox(), uuid.uuid4()
-    assert await box.offer(batch, [Joiner("a", 1.0)])
-    assert await box.take(batch) == [Joiner("a", 1.0)]
-    assert not await box.offer(batch, [Joiner("b", 2.0)])
+    assert await box.offer(batch, [joiner("a", 1.0)])
+    assert await box.take(batch) == [joiner("a", 1.0)]
+    assert not await box.offer(batch, [joiner("b", 2.0)])
     assert await box.take(batch) == []
     assert await box.take(uuid.uuid4()) == []
+
+
+def joiner(request_id: str, received_at: float) -> BatchItem:
+    """A late joiner as a box carries it."""
+    return BatchItem(
+        request_id, f"input of {request_id}", None, {"max_tokens": 4}, 0.5, received_at
+    )
