@@ -859,42 +859,48 @@ def _claimed(row: Mapping[Any, Any]) -> ClaimedRequest:
     )
 
 
+_CLAIMED_FIELDS = ", ".join(f.name for f in fields(ClaimedRequest))
+
+
+def _claimed_pg(batch: str, guard: str = "") -> str:
+    """The requests of ``ids`` still queued move to running under ``batch`` (a parameter),
+    where ``guard`` holds too; what a worker runs of each comes back."""
+    return (
+        "UPDATE requests SET state = '"
+        + S.RUNNING.value
+        + f"', batch_id = %({batch})s, attempts = attempts + 1"
+        " WHERE id = ANY(%(ids)s) AND model = %(model)s"
+        + guard
+        + " AND state IN ("
+        + ", ".join(
+            f"'{state}'" for state in lifecycle.values(lifecycle.sources(Cause.CLAIM, S.RUNNING))
+        )
+        + ") RETURNING "
+        + _CLAIMED_FIELDS
+    )
+
+
 # The claim on Postgres, for the statements pool: the requests still queued move to running
 # under the batch, whose row is written in the same statement when any did.
 _CLAIM_PG = (
-    "WITH claimed AS (UPDATE requests SET state = '"
-    + S.RUNNING.value
-    + "', batch_id = %(id)s, attempts = attempts + 1"
-    " WHERE id = ANY(%(ids)s) AND model = %(model)s AND state IN ("
-    + ", ".join(
-        f"'{state}'" for state in lifecycle.values(lifecycle.sources(Cause.CLAIM, S.RUNNING))
-    )
-    + ") RETURNING "
-    + ", ".join(f.name for f in fields(ClaimedRequest))
+    "WITH claimed AS ("
+    + _claimed_pg("id")
     + "), batch AS (INSERT INTO batches (id, model, size, attempt, isolation_group,"
     " estimated_ms, dispatched_at, lease_expires_at)"
     " SELECT %(id)s, %(model)s, count(*), 0, %(isolation_group)s, %(estimated_ms)s,"
     " %(dispatched_at)s, %(lease_expires_at)s FROM claimed HAVING count(*) > 0)"
-    " SELECT " + ", ".join(f.name for f in fields(ClaimedRequest)) + " FROM claimed"
+    " SELECT " + _CLAIMED_FIELDS + " FROM claimed"
 )
 # join_batch on Postgres, for the statements pool: the batch row locked while this attempt
 # holds it open, the joiners claimed under it, its size grown by them; one statement.
 _JOIN_PG = (
     "WITH held AS (SELECT id FROM batches WHERE id = %(batch)s AND outcome IS NULL"
     " AND attempt = %(attempt)s FOR UPDATE),"
-    " claimed AS (UPDATE requests SET state = '"
-    + S.RUNNING.value
-    + "', batch_id = %(batch)s, attempts = attempts + 1"
-    " WHERE id = ANY(%(ids)s) AND model = %(model)s AND EXISTS (SELECT 1 FROM held)"
-    " AND state IN ("
-    + ", ".join(
-        f"'{state}'" for state in lifecycle.values(lifecycle.sources(Cause.CLAIM, S.RUNNING))
-    )
-    + ") RETURNING "
-    + ", ".join(f.name for f in fields(ClaimedRequest))
+    " claimed AS ("
+    + _claimed_pg("batch", " AND EXISTS (SELECT 1 FROM held)")
     + "), grown AS (UPDATE batches SET size = size + (SELECT count(*) FROM claimed)"
     " WHERE id IN (SELECT id FROM held))"
-    " SELECT " + ", ".join(f.name for f in fields(ClaimedRequest)) + " FROM claimed"
+    " SELECT " + _CLAIMED_FIELDS + " FROM claimed"
 )
 # The lease on Postgres (``_START``'s statement), for the statements pool.
 _START_PG = (
