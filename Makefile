@@ -38,7 +38,7 @@ WORKER_CPU_LOCK := pyproject.toml requirements/worker-cpu.in --extra transformer
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install vllm-env bench-client run run-embedded test test-models test-browser static-checks lint services locks clean
+.PHONY: install vllm-env bench-client run run-embedded test test-models test-browser static-checks lint services locks clean images
 
 install: $(STAMP)
 
@@ -88,7 +88,7 @@ run: install
 run-embedded: install
 	exec $(BIN)/batchserve serve --host $(HOST) --port $(PORT)
 
-test: kubectl
+test: debian-tools
 	# The two environments install at once (mostly downloads and unpacking: one core each), and
 	# the static checks and the test models' conversion (once, into the model cache) run as soon
 	# as the first is ready, beside the second's install; so does the dashboard test's browser.
@@ -99,16 +99,28 @@ test: kubectl
 	# then run beside light ones. (Longest first was tried: the model files all ran at once, the
 	# load reached 9 and six timing-bound tests failed.) Tests that restart a shared server run
 	# afterwards, alone.
-	$(BIN)/pytest -q -rs --durations=25 -n 3 --dist loadfile -m "not exclusive"
+	$(BIN)/pytest -q -rs --durations=25 -n 3 --dist loadfile -m "not exclusive and not images"
 	$(BIN)/pytest -q -rs --durations=5 -m exclusive
+	# The images' build (minutes of unpacking and copying on the first run) goes last, alone.
+	$(BIN)/pytest -q -rs --durations=5 -m images
 
-# The Kubernetes manifests' test renders them with `kubectl kustomize` (deploy/kubernetes/):
-# Debian's kubectl where none is on the PATH. Before the parallel setup, whose browser install
-# holds apt's lock.
-.PHONY: kubectl
-kubectl:
-	command -v kubectl >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q kubernetes-client \
-		|| (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q kubernetes-client)
+# Debian's packages some tests need, installed where missing, in one apt call (before the parallel
+# setup, whose browser install holds apt's lock): kubectl for the Kubernetes manifests' test (it
+# renders them with `kubectl kustomize`: deploy/kubernetes/), buildah and mmdebstrap for the
+# images' test (scripts/build-images.sh builds them without a Docker engine).
+DEBIAN_TOOLS := kubectl:kubernetes-client buildah:buildah mmdebstrap:mmdebstrap
+.PHONY: debian-tools image-tools
+debian-tools:
+	@missing="$(foreach t,$(DEBIAN_TOOLS),$$(command -v $(word 1,$(subst :, ,$(t))) >/dev/null || echo $(word 2,$(subst :, ,$(t)))))"; \
+	if [ -n "$$(echo $$missing)" ]; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing \
+		|| (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing); \
+	fi
+image-tools: debian-tools
+
+# The CPU images (control plane, CPU worker), with buildah: `docker build` needs none of this.
+images: image-tools
+	./scripts/build-images.sh
 
 test-models: install
 	$(BIN)/python -m batchserve.models.hf tests/models.toml

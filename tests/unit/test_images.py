@@ -492,3 +492,21 @@ def test_compose_builds_workers_from_the_worker_image_and_the_rest_from_the_cont
         worker = service["command"][0] == "worker"
         image = "worker-cpu" if worker else "control-plane"
         assert dockerfile == f"docker/{image}.Dockerfile", name
+
+
+def test_the_buildah_script_builds_the_cpu_images_on_their_dockerfiles_own_arguments() -> None:
+    """`make images` (scripts/build-images.sh) overrides only build arguments the Dockerfiles
+    declare: the base (every stage FROM it) and, for the worker, where torch's CPU wheel lies."""
+    script = (ROOT / "scripts" / "build-images.sh").read_text()
+    default = re.search(r"^IMAGES=\$\{IMAGES:-([^}]*)\}$", script, re.MULTILINE)
+    assert default is not None and default.group(1).split() == ["control-plane", "worker-cpu"]
+    for image in default.group(1).split():
+        dockerfile = ROOT / "docker" / f"{image}.Dockerfile"
+        froms = [i.arguments.split()[0] for i in instructions(dockerfile) if i.keyword == "FROM"]
+        assert froms == ["${PYTHON_IMAGE}", "${PYTHON_IMAGE}"], froms
+        assert "PYTHON_IMAGE" in arg_defaults(dockerfile)
+    assert "TORCH_CPU_LINKS" in arg_defaults(ROOT / "docker" / "worker-cpu.Dockerfile")
+    assert '--build-arg "PYTHON_IMAGE=$BASE"' in script
+    assert '--build-arg "TORCH_CPU_LINKS=$TORCH_CPU_LINKS"' in script
+    recipe = (ROOT / "Makefile").read_text().split("\nimages:", 1)[1].split("\n\n", 1)[0]
+    assert "./scripts/build-images.sh" in recipe

@@ -1,5 +1,6 @@
 """`make test` runs the suite in parallel processes and, afterwards and alone, the tests that take a
-shared server down. A test module that restarts Postgres, RabbitMQ or Redis and is not marked so
+shared server down, then the images' test (it builds them: minutes of unpacking and copying).
+A test module that restarts Postgres, RabbitMQ or Redis and is not marked so
 would break whatever runs beside it: it fails here instead."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TAKES_A_SERVER_DOWN = re.compile(r"\b(?:restart|stop)_(?:postgres|redis|rabbitmq)\b")
 MARKED = re.compile(r"^pytestmark = pytest\.mark\.exclusive$", re.MULTILINE)
+IMAGES = re.compile(r"^\s+pytest\.mark\.images,$", re.MULTILINE)
 
 
 def test_every_module_that_takes_a_server_down_runs_alone() -> None:
@@ -22,12 +24,25 @@ def test_every_module_that_takes_a_server_down_runs_alone() -> None:
     assert marked == downing  # nothing runs alone that need not
 
 
-def test_make_test_runs_the_rest_in_parallel_then_the_exclusive_ones() -> None:
+def test_make_test_runs_the_rest_in_parallel_then_the_exclusive_ones_then_the_images() -> None:
     recipe = (ROOT / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
     runs = [line.strip() for line in recipe.splitlines() if "pytest" in line and "#" not in line]
-    assert len(runs) == 2, runs
-    assert " -n " in runs[0] and '-m "not exclusive"' in runs[0] and "--dist loadfile" in runs[0]
+    assert len(runs) == 3, runs
+    parallel = '-m "not exclusive and not images"'
+    assert " -n " in runs[0] and parallel in runs[0] and "--dist loadfile" in runs[0]
     assert " -n " not in runs[1] and "-m exclusive" in runs[1]
+    assert " -n " not in runs[2] and "-m images" in runs[2]
+    modules = sorted((ROOT / "tests").rglob("test_*.py"))
+    assert [m.name for m in modules if IMAGES.search(m.read_text())] == ["test_images_live.py"]
+
+
+def test_make_test_installs_the_debian_tools_its_tests_need() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    assert makefile.split("\ntest:", 1)[1].split("\n", 1)[0].split() == ["debian-tools"]
+    tools = re.search(r"^DEBIAN_TOOLS := (.*)$", makefile, re.MULTILINE)
+    assert tools is not None
+    commands = {pair.split(":")[0] for pair in tools.group(1).split()}
+    assert commands == {"kubectl", "buildah", "mmdebstrap"}
 
 
 def test_make_test_installs_the_dashboard_browser_during_setup() -> None:
