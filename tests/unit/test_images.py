@@ -510,3 +510,12 @@ def test_the_buildah_script_builds_the_cpu_images_on_their_dockerfiles_own_argum
     assert '--build-arg "TORCH_CPU_LINKS=$TORCH_CPU_LINKS"' in script
     recipe = (ROOT / "Makefile").read_text().split("\nimages:", 1)[1].split("\n\n", 1)[0]
     assert "./scripts/build-images.sh" in recipe
+
+
+def test_the_images_doc_says_what_the_images_test_runs() -> None:
+    doc = " ".join((ROOT / "docs" / "images.md").read_text().split())
+    live = (ROOT / "tests" / "e2e" / "test_images_live.py").read_text()
+    assert '(probe["uid"], probe["gid"]) == (10001, 10001)' in live and "uid 10001" in doc
+    assert "range(200)" in live and "200 requests to the fixed model" in doc
+    assert '"--model", ECHO, "--slots", "2"' in live and "fixed model (2 slots)" in doc
+    assert 'REAL = "smollm2-135m"' in live and "`smollm2-135m` on the transformers engine" in doc
