@@ -101,7 +101,9 @@ def container(
     image: str, name: str, mounts: tuple[tuple[str, str], ...] = ()
 ) -> Iterator[Container]:
     subprocess.run(["buildah", "rm", name], capture_output=True, check=False)  # a crashed run's
-    subprocess.run(["buildah", "from", "--quiet", "--name", name, image], check=True, stdout=-3)
+    subprocess.run(
+        ["buildah", "from", "--quiet", "--name", name, image], check=True, stdout=subprocess.DEVNULL
+    )
     try:
         yield Container(name, mounts)
     finally:
