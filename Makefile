@@ -109,17 +109,16 @@ test: debian-tools
 # renders them with `kubectl kustomize`: deploy/kubernetes/), buildah and mmdebstrap for the
 # images' test (scripts/build-images.sh builds them without a Docker engine).
 DEBIAN_TOOLS := kubectl:kubernetes-client buildah:buildah mmdebstrap:mmdebstrap
-.PHONY: debian-tools image-tools
+.PHONY: debian-tools
 debian-tools:
 	@missing="$(foreach t,$(DEBIAN_TOOLS),$$(command -v $(word 1,$(subst :, ,$(t))) >/dev/null || echo $(word 2,$(subst :, ,$(t)))))"; \
 	if [ -n "$$(echo $$missing)" ]; then \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing \
 		|| (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing); \
 	fi
-image-tools: debian-tools
 
 # The CPU images (control plane, CPU worker), with buildah: `docker build` needs none of this.
-images: image-tools
+images: debian-tools
 	./scripts/build-images.sh
 
 test-models: install

@@ -6,7 +6,7 @@
 # with mmdebstrap (Debian bookworm's python3 is 3.11, the locks' Python). Every third-party package
 # still comes from the images' lock files, hash-checked. Where Docker and Docker Hub are at hand,
 # `docker build` as in docs/deploy.md builds the same images on python:3.11-slim-bookworm.
-# `make image-tools` installs buildah and mmdebstrap (Debian's packages).
+# `make debian-tools` installs buildah and mmdebstrap (Debian's packages).
 #
 # Environment:
 #   IMAGE_PREFIX     the images' names start with it (localhost/ by default)
@@ -26,7 +26,7 @@ export BUILDAH_ISOLATION=chroot
 cd "$(dirname "$0")/.."
 
 for tool in buildah mmdebstrap; do
-    command -v "$tool" >/dev/null || { echo "$tool is missing: make image-tools" >&2; exit 2; }
+    command -v "$tool" >/dev/null || { echo "$tool is missing: make debian-tools" >&2; exit 2; }
 done
 
 if ! buildah inspect --type image "$BASE" >/dev/null 2>&1; then

@@ -24,7 +24,7 @@ pytestmark = [
     pytest.mark.images,
     pytest.mark.timeout(1200),
     pytest.mark.skipif(
-        bool(images.tools_missing()), reason=f"{images.tools_missing()} missing: make image-tools"
+        bool(images.tools_missing()), reason=f"{images.tools_missing()} missing: make debian-tools"
     ),
 ]
 
@@ -104,11 +104,10 @@ async def test_a_deployment_from_the_images_answers_every_request_once(
 ) -> None:
     control = containers["control-plane"].launcher(tmp_path)
     worker = containers["worker-cpu"].launcher(tmp_path)
-    env = {**stack.env, "BATCHSERVE_MODELS": images.MODELS_IN_CONTAINER}
     # The test's database is a copy of the migrated template: the image's migrate finds it at
     # head, and every role checks the schema is at head before it starts.
     migrated = await asyncio.create_subprocess_exec(
-        str(control), "-m", "batchserve.cli", "migrate", env=env, stdout=-1, stderr=-2
+        str(control), "-m", "batchserve.cli", "migrate", env=stack.env, stdout=-1, stderr=-2
     )
     out, _ = await migrated.communicate()
     assert migrated.returncode == 0, out.decode()

@@ -44,7 +44,8 @@ def torch_cpu_links() -> str | None:
 
 def build(tag: str, log: Path) -> dict[str, str]:
     """Build the images (buildah's layer cache makes a rebuild quick); their names by image."""
-    env = {**os.environ}
+    # The names and the set this returns, whatever the caller's environment says.
+    env = {**os.environ, "IMAGE_PREFIX": "localhost/", "IMAGES": " ".join(IMAGES)}
     if (links := torch_cpu_links()) is not None:
         env["TORCH_CPU_LINKS"] = links
     with open(log, "ab") as out:
@@ -56,7 +57,7 @@ def build(tag: str, log: Path) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Container:
-    """A working container of an image; :meth:`run` and :attr:`python` run in it."""
+    """A working container of an image; :meth:`run` and :meth:`launcher` run in it."""
 
     name: str
     mounts: tuple[tuple[str, str], ...] = ()
@@ -65,11 +66,10 @@ class Container:
         volumes = [f"--volume={host}:{inside}:ro" for host, inside in self.mounts]
         return ["buildah", "run", "--isolation=chroot", "--network=host", *volumes]
 
-    def run(self, *command: str, env: dict[str, str] | None = None) -> str:
+    def run(self, *command: str) -> str:
         """Run ``command`` in the container; its output (the test fails if it does)."""
-        variables = [f"--env={k}={v}" for k, v in (env or {}).items()]
         done = subprocess.run(
-            [*self._prefix(), *variables, self.name, "--", *command],
+            [*self._prefix(), self.name, "--", *command],
             capture_output=True,
             text=True,
             check=False,
