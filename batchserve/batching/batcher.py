@@ -357,6 +357,7 @@ class ModelBatcher(BatcherJobs):
                 log.warning("batcher_backoff", model=self.spec.name, error=error)
                 await asyncio.sleep(0.5)
                 continue
+            now = self._clock()  # the step awaited: how long to sleep counts from its end
             if due is not None and due <= now:
                 continue  # state changed: decide again before sleeping
             timeout = None if due is None else due - now
@@ -374,6 +375,9 @@ class ModelBatcher(BatcherJobs):
         if self.joinable:
             await self._settle_joiners()
             await self._offer_joiners()
+            # Requests arrived while these awaited: a batch formed of them leaves now, not
+            # before they were held (a batch's dispatch time is never before its members').
+            now = max(now, self._clock())
         free_slots = self.slots.free_slots(now)
         if free_slots == 0 and now < self._next_due:
             # Nothing can leave without a slot; arrivals only wait. Expiry is due at

@@ -183,6 +183,34 @@ async def test_requests_that_arrive_before_a_sent_batch_starts_ride_in_it(tmp_pa
         assert (await conn.execute(query)).scalar_one() == 3  # the batch's row counts them
 
 
+async def test_a_batch_never_leaves_before_its_members_arrived(tmp_path: Path) -> None:
+    """A request that arrives while the batcher settles a batch's joiners (a Postgres read)
+    is decided on with the clock after that read: the batch it leaves in is dispatched after
+    the batcher held it, so a member is never taken for a late joiner."""
+    rig = Rig(tmp_path)
+    await rig.batcher.start(background=False)
+    running, behind = await rig.send_behind()
+    await rig.arrive(2)
+    await rig.decide()
+    await rig.runner.run(behind)
+    await rig.arrive(1)
+    rig.closed(running)
+    rig.closed(behind)
+    rig.clock.advance(0.2)
+    placements_of = rig.store.placements_of
+
+    async def arriving_meanwhile(request_ids: list[str]) -> object:
+        rig.clock.advance(0.01)
+        await rig.arrive(1)
+        return await placements_of(request_ids)
+
+    rig.store.placements_of = arriving_meanwhile  # type: ignore[method-assign,assignment]
+    await rig.decide()
+    last = rig.sent[-1]
+    assert len(last.items) == 2  # the waiting one and the one that came during the read
+    assert all(item.received_at <= last.dispatched_at for item in last.items)
+
+
 async def test_an_offer_the_worker_never_took_comes_back_to_the_batcher(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
     await rig.batcher.start(background=False)
