@@ -28,6 +28,7 @@ import json
 import secrets
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aio_pika
@@ -165,20 +166,26 @@ async def main() -> None:
         for _ in range(args.rounds):
             for kind in KINDS:
                 rounds.append(await one_round(url, kind, rate, args.seconds))
-    document: dict[str, Any] = {
-        "machine": machine(),
-        "rounds": rounds,
-        "summary": summarize(rounds),
-    }
-    if args.json:
-        print(json.dumps(document, indent=1))
-        return
-    for row in document["summary"]:
-        print(
+    report(
+        {"machine": machine(), "rounds": rounds, "summary": summarize(rounds)},
+        as_json=args.json,
+        line=lambda row: (
             f"{row['kind']:>9} at {row['rate']:>6.0f}/s: RabbitMQ CPU ms a message "
             f"{row['cpu_ms_per_message']} (median {row['cpu_ms_median']}); "
             f"publish to delivery p50 {row['deliver_p50_ms']} ms"
-        )
+        ),
+    )
+
+
+def report(
+    document: dict[str, Any], *, as_json: bool, line: Callable[[dict[str, Any]], str]
+) -> None:
+    """The whole document as JSON, or a line for each row of its summary."""
+    if as_json:
+        print(json.dumps(document, indent=1))
+        return
+    for row in document["summary"]:
+        print(line(row))
 
 
 if __name__ == "__main__":

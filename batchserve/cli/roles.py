@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 
 from batchserve.batching.batcher import BatcherConfig, ModelBatcher
 from batchserve.core import loops
+from batchserve.core.broker import RabbitRequestQueue
 from batchserve.core.health import role_health
 from batchserve.core.logs import get_logger
 from batchserve.core.metrics import serve_role_metrics
@@ -87,7 +88,8 @@ async def run_batcher(settings: Settings, models: list[str] | None) -> None:
     adapters = connect(settings, pool_size=4)
     specs = select_models(adapters, models)
     celery = create_celery(settings, [s.name for s in specs])
-    dispatcher = CeleryDispatcher(celery, settings)
+    assert isinstance(adapters.queue, RabbitRequestQueue)  # create_celery: a broker's URL
+    dispatcher = CeleryDispatcher(celery, settings, adapters.queue)
     batchers = [
         ModelBatcher(
             spec,
@@ -116,7 +118,6 @@ async def run_batcher(settings: Settings, models: list[str] | None) -> None:
         await _until_signalled(*running, drain=drain)
     finally:
         beating.cancel()
-        dispatcher.close()
         await adapters.close()
 
 

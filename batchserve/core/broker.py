@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import aio_pika
@@ -265,28 +265,42 @@ class RabbitRequestQueue(RequestQueue):
     async def publish(self, messages: Sequence[QueueMessage]) -> None:
         if not messages:
             return
-        try:
-            # One bound for all of it: a channel being reopened or a declare waits as long as
-            # the confirms may.
-            async with asyncio.timeout(self._publish_timeout_s):
-                channel = await self._channel()
-                exchange = channel.default_exchange
-                for name in {requests_queue_name(self._prefix, m.model, m.lane) for m in messages}:
-                    await self.declare(channel, name)
-                await asyncio.gather(
-                    *(
-                        exchange.publish(
-                            aio_pika.Message(
-                                body,
-                                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                                content_type="application/json",
-                                message_id=first_id,
-                            ),
-                            routing_key=routing_key,
-                        )
-                        for routing_key, first_id, body in self._bodies(messages)
+        async with self._confirmed() as channel:
+            exchange = channel.default_exchange
+            for name in {requests_queue_name(self._prefix, m.model, m.lane) for m in messages}:
+                await self.declare(channel, name)
+            await asyncio.gather(
+                *(
+                    exchange.publish(
+                        aio_pika.Message(
+                            body,
+                            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                            content_type="application/json",
+                            message_id=first_id,
+                        ),
+                        routing_key=routing_key,
                     )
+                    for routing_key, first_id, body in self._bodies(messages)
                 )
+            )
+
+    async def send(self, queue: str, message: aio_pika.Message) -> None:
+        """Publish one message, confirmed, to a classic durable queue that another consumer
+        declares the same way (Celery's ``batches.<model>``: no queue arguments)."""
+        async with self._confirmed() as channel:
+            if queue not in self._declared:
+                await channel.declare_queue(queue, durable=True)
+                self._declared.add(queue)
+            await channel.default_exchange.publish(message, routing_key=queue)
+
+    @contextlib.asynccontextmanager
+    async def _confirmed(self) -> AsyncIterator[AbstractChannel]:
+        """The confirmed channel, for publishes that are over when the block ends: one bound
+        for all of it (a channel being reopened or a declare waits as long as the confirms
+        may); a failure is :class:`Unavailable`, and the next publish opens a new channel."""
+        try:
+            async with asyncio.timeout(self._publish_timeout_s):
+                yield await self._channel()
         except Unavailable:
             raise
         except (TimeoutError, AMQPError, OSError, RuntimeError) as error:
