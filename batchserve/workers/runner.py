@@ -422,11 +422,11 @@ class OpenBatch:
             annotate(attempt=start.attempt)
             if joined := await self.joiners_claimed():
                 start = replace(start, live_ids=start.live_ids | joined)
-            # The results' write does not wait for the announcement's round trip to Redis
-            # (which never raises: ``EventBus.publish`` is best effort).
-            await asyncio.gather(
-                runner.announce(message, BatchOutcome.SUCCEEDED, self.worker, early_s),
-                runner.store_results(
+            # The callers' answers first: the announcement sets the batcher to work (its
+            # next claim, the joiners it settles) on the same cores as this write, while a
+            # batch sent ahead to this slot starts without it.
+            try:
+                await runner.store_results(
                     message,
                     start,
                     output,
@@ -434,8 +434,9 @@ class OpenBatch:
                     finished,
                     self.early.written,
                     self.early.streamed,
-                ),
-            )
+                )
+            finally:
+                await runner.announce(message, BatchOutcome.SUCCEEDED, self.worker, early_s)
         finally:
             self._holding.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):  # start's own error

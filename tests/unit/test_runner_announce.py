@@ -1,10 +1,11 @@
-"""A worker writes a batch's results while it tells the batcher its slot is free: the write
-does not wait for the announcement's round trip to Redis, nor the announcement for the write's
-to Postgres."""
+"""A worker writes a batch's results, then tells the batcher its slot is free: the callers'
+answers do not share the cores with the work the announcement sets off in the batcher (its
+next claim, the joiners it settles), and a write that fails still frees the slot."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from typing import Any
 
@@ -28,6 +29,7 @@ class _SlowResults:
         self.writing = asyncio.Event()
         self.finish = asyncio.Event()
         self.written = False
+        self.fails = False
 
     async def start_batch(self, *_: Any) -> BatchStart:
         return BatchStart(attempt=1, live_ids=self.live)
@@ -38,6 +40,8 @@ class _SlowResults:
     async def complete_batch(self, *_: Any, **__: Any) -> Reaped:
         self.writing.set()
         await self.finish.wait()
+        if self.fails:
+            raise RuntimeError("the write failed")
         self.written = True
         return Reaped()
 
@@ -59,13 +63,15 @@ class _HeldBus(MemoryEventBus):
         await super().publish(event)
 
 
-async def test_the_results_are_written_while_the_slot_is_announced() -> None:
+def rig(fails: bool = False) -> tuple[BatchMessage, _SlowResults, _HeldBus, BatchRunner]:
     items = tuple(
         BatchItem(str(uuid.uuid4()), "hi", None, {"max_tokens": 4}, 1.0, 1.0) for _ in range(3)
     )
     message = BatchMessage(str(uuid.uuid4()), "m", 1.0, 0.1, items)
     store = _SlowResults(frozenset(i.request_id for i in items))
+    store.fails = fails
     events = _HeldBus()
+    events.release.set()
     runner = BatchRunner(
         store=store,  # type: ignore[arg-type]
         events=events,
@@ -74,14 +80,27 @@ async def test_the_results_are_written_while_the_slot_is_announced() -> None:
         worker_id="w",
         lease_s=2.0,
     )
+    return message, store, events, runner
+
+
+async def test_the_slot_is_announced_once_the_results_are_written() -> None:
+    message, store, events, runner = rig()
     running = asyncio.create_task(runner.run(message))
-    # Both round trips are under way at once, each held by the test.
-    await asyncio.wait_for(events.publishing.wait(), 5.0)
     await asyncio.wait_for(store.writing.wait(), 5.0)
-    assert not events.closed and not store.written
-    store.finish.set()
     await asyncio.sleep(0.01)
-    assert store.written and not events.closed  # the write did not wait for the announcement
-    events.release.set()
+    assert not events.publishing.is_set()  # the batcher hears nothing while the write runs
+    store.finish.set()
     await asyncio.wait_for(running, 5.0)
+    assert store.written
     assert [(c.batch_id, c.outcome) for c in events.closed] == [(message.batch_id, "succeeded")]
+
+
+async def test_a_write_that_fails_still_frees_the_slot() -> None:
+    message, store, events, runner = rig(fails=True)
+    running = asyncio.create_task(runner.run(message))
+    await asyncio.wait_for(store.writing.wait(), 5.0)
+    store.finish.set()
+    with contextlib.suppress(RuntimeError):
+        await asyncio.wait_for(running, 5.0)
+    assert not store.written
+    assert [c.batch_id for c in events.closed] == [message.batch_id]
