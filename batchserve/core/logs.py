@@ -142,6 +142,10 @@ def _render_text(_: WrappedLogger, __: str, event_dict: EventDict) -> str:
     return _redacted(f"{head}{pairs}" + (f"\n{traceback}" if traceback else ""))
 
 
+# Whitespace (re's \s on a str is what str.isspace() tells), a quote or an equals sign.
+_NEEDS_QUOTES = re.compile(r'[\s"=]')
+
+
 def _text_value(value: Any) -> str:
     if isinstance(value, list | tuple | set | frozenset):
         return ",".join(_text_value(v) for v in value)
@@ -150,7 +154,7 @@ def _text_value(value: Any) -> str:
     elif isinstance(value, enum.Enum):
         value = value.value
     text = str(value)
-    if not text or any(c.isspace() or c in '"=' for c in text):
+    if not text or _NEEDS_QUOTES.search(text):
         return orjson.dumps(text).decode()  # quoted, so that a value stays one token
     return text
 

@@ -141,6 +141,14 @@ def test_text_values_with_spaces_are_quoted_and_lists_joined(emit: Log) -> None:
     )
 
 
+def test_a_text_value_is_quoted_for_any_whitespace_a_quote_or_an_equals_sign(emit: Log) -> None:
+    values = {"nbsp": "a\u00a0b", "em": "a\u2003b", "sep": "a\x1cb", "eq": "a=b", "q": 'a"b'}
+    (line,) = emit("text", "api", lambda log: log.info("x", plain="a-b_c.d/e:f", **values))
+    assert " plain=a-b_c.d/e:f " in line
+    for key, value in values.items():
+        assert f" {key}={orjson.dumps(value).decode()}" in line, key
+
+
 def test_an_exception_keeps_its_traceback_in_both_formats(emit: Log) -> None:
     def failing(log: Any) -> None:
         try:
