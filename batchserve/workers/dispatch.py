@@ -23,8 +23,9 @@ log = get_logger("batchserve.dispatch")
 
 class CeleryDispatcher:
     """Sends the batch task as Celery's ``send_task`` would (Celery builds the message and
-    serializes it), but on the batcher's own loop, through its confirmed RabbitMQ channel:
-    no thread hand-over and no second connection for each batch."""
+    serializes it), but on the batcher's own loop, through the confirmed channel its request
+    queue publishes on: no thread to hand each batch to, no kombu connection beside it. A
+    failure is :class:`Unavailable` (the batcher puts the batch's members back)."""
 
     def __init__(self, app: Celery, settings: Settings, broker: RabbitRequestQueue) -> None:
         self._app = app
