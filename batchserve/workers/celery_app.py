@@ -8,9 +8,12 @@ recovers one that is lost), and quorum queues would make Celery set up its ETA m
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
+from typing import Any
 
 from celery import Celery
+from celery.worker.consumer import Consumer
 from kombu import Queue
 
 from batchserve.core.broker import heartbeat_of
@@ -18,6 +21,21 @@ from batchserve.core.settings import Settings
 
 RUN_BATCH_TASK = "batchserve.run_batch"
 DELIVER_WEBHOOK_TASK = "batchserve.deliver_webhook"
+
+
+# Between a worker's attempts to get its broker connection back. Celery's consumer leaves these
+# to kombu's defaults, 2 s growing by 2 s to 30 s: a worker host whose link was cut for a few
+# seconds then stays away for as long again, or up to 30 s, while batches wait for capacity.
+RECONNECT_INTERVALS = {"interval_start": 0.5, "interval_step": 0.5, "interval_max": 2.0}
+
+
+class QuickReconnectConsumer(Consumer):
+    """Celery's consumer (``worker_consumer``), retrying a lost broker connection every
+    0.5 s, then every 1, 1.5 and 2 s, for as many tries as ``broker_connection_max_retries``."""
+
+    def ensure_connected(self, conn: Any) -> Any:
+        conn.ensure_connection = functools.partial(conn.ensure_connection, **RECONNECT_INTERVALS)
+        return super().ensure_connected(conn)
 
 
 def batches_queue_name(settings: Settings, model: str) -> str:
@@ -75,5 +93,6 @@ def create_celery(settings: Settings, models: Iterable[str], *, webhooks: bool =
         worker_redirect_stdouts=False,
         worker_detect_quorum_queues=False,
         worker_cancel_long_running_tasks_on_connection_loss=False,
+        worker_consumer=f"{__name__}:{QuickReconnectConsumer.__name__}",
     )
     return app
