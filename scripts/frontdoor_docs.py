@@ -1924,7 +1924,8 @@ TOGETHER = """
 #### The last three changes together
 
 The batch task published on the loop, the slot announced after the write and the cheaper
-quoting of text log lines (every role logs in text by default), against the code before them:
+quoting of text log lines (every role logs in text by default; the benchmark runs its roles at
+`WARNING`, so this third one does not show here), against the code before them:
 three alternating frontdoor runs at 30 and 100/s, {old} against {new}
 ([frontdoor-session-ab.json](frontdoor-session-ab.json); {machine}). Where every run of one way
 was below every run of the other:

@@ -659,6 +659,9 @@ def test_the_three_changes_together_lowered_the_p99_gap_and_left_goal_one_unmet(
     doc = _run("frontdoor-session-ab.json")
     assert [run["changes"] for run in doc["runs"]] == ["before them", "these three"] * 3
     _every_caller_answered(doc)
+    # The page says the log change does not show in these runs: the roles log warnings only.
+    bench_stack = (ROOT / "batchserve" / "bench" / "stack.py").read_text()
+    assert '"BATCHSERVE_LOG_LEVEL": "WARNING"' in bench_stack
     verdict = frontdoor_docs.together_verdict(doc)
     new, old = ([float(v) for v in verdict[k].split(", ")] for k in ("new_p99", "old_p99"))
     assert max(new) < min(old)
