@@ -770,9 +770,8 @@ def main() -> None:
     print(ab_verdict(join_lower(lead, "lead", LEAD_WAYS)) + "\n")
     print(join_table(lead, "lead"))
     print(LATE_SHARE_AFTER.format(**join_verdict(lead, "lead", LEAD_WAYS)))
-    handover = load("frontdoor-dispatch.json")
-    print(DISPATCH.format(**dispatch_verdict(handover)))
-    sending = load("frontdoor-dispatch-ab.json")
+    handover, sending = load("frontdoor-dispatch.json"), load("frontdoor-dispatch-ab.json")
+    print(DISPATCH.format(**dispatch_verdict(handover, sending)))
     print(
         DISPATCH_FRONTDOOR.format(
             code=sending["code"]["send_task"], machine=sending["machine_note"]
@@ -1164,9 +1163,9 @@ def join_verdict(
     return verdict
 
 
-def dispatch_verdict(doc: dict[str, Any]) -> dict[str, str]:
+def dispatch_verdict(doc: dict[str, Any], frontdoor: dict[str, Any]) -> dict[str, str]:
     """The hand-over's figures by way (``scripts/bench_dispatch.py``), and what they come to
-    at ten batches a second against the batcher's CPU at 100/s in the frontdoor runs."""
+    at ten batches a second against the batcher's CPU at 100/s in the ``frontdoor`` runs."""
     rounds = doc["rounds"]
     summary = {row["way"]: row for row in doc["summary"]}
 
@@ -1191,7 +1190,6 @@ def dispatch_verdict(doc: dict[str, Any]) -> dict[str, str]:
         return float(r["send_ms"]["p50"])
 
     saved = 10.0 * (summary["send_task"]["cpu_ms_median"] - summary["aio-pika"]["cpu_ms_median"])
-    frontdoor = load("frontdoor-dispatch-ab.json")
     batcher = statistics.median(
         r["cpu_ms_per_request"]["batcher"] * 100.0
         for run in frontdoor["runs"]
