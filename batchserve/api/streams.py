@@ -25,7 +25,7 @@ from batchserve.api.schemas import RequestOut, dump
 from batchserve.api.services import ApiServices
 from batchserve.core.domain import RequestRecord, RequestState
 from batchserve.core.errors import InvalidInput
-from batchserve.core.tokenlog import DELTA, START, LogEntry, entry_key
+from batchserve.core.tokenlog import DELTA, START, TERMINAL, LogEntry, entry_key
 
 STATE, DELTA_EVENT, RESET = "state", "delta", "reset"
 WAIT_S = 5.0  # one wait on the log, between reads of the request (its end may be missed)
@@ -146,9 +146,6 @@ class Assembler:
         last = events[-1]
         events[-1] = StreamEvent(last.id, last.event, last.data, record)
         return events
-
-
-TERMINAL = frozenset(s.value for s in RequestState if s.terminal)
 
 
 def opening(record: RequestRecord) -> StreamEvent:

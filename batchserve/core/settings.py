@@ -170,6 +170,11 @@ class Settings(BaseSettings):
     token_log_ttl_s: float = Field(
         default=3600.0, ge=1, description="How long a request's token log is kept"
     )
+    # Once the request has ended, its log is kept only this long (for a stream broken near
+    # the end to resume); a stream opened later replays the stored result.
+    token_log_linger_s: float = Field(
+        default=60.0, ge=1, description="How long a finished request's token log is kept"
+    )
     token_log_max_entries: int = Field(
         default=10_000, ge=16, description="Most entries in one request's token log"
     )

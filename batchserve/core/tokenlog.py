@@ -6,6 +6,13 @@ reconnects elsewhere with ``Last-Event-ID`` continues where it left off. On the 
 Redis Stream per request (``XADD`` with an approximate ``MAXLEN`` cap, ``EXPIRE`` renewed as it is
 written); in the embedded mode an in-memory twin with the same interface and entry ids.
 
+Once a request has ended its log is kept only ``linger_s`` more (a minute by default), for a
+client whose stream broke near the end to resume it: a new stream of a finished request ends
+with the stored result either way. A Redis Stream holds about 4.8 KB however few its entries
+(Redis 7.0 allocates a whole listpack node), so logs kept the full TTL after their end would
+hold ~1.7 GB of Redis memory at a steady 100 requests a second; lingering, ~30 MB
+(docs/operations.md, "Redis memory: the token logs").
+
 The log is a convenience, never the record: Postgres holds the final result and is not written
 per token. Writes are best effort (logged, never raised, never awaited by the engine's step),
 and a reader that finds the log unreadable or gone falls back to the stored result.
@@ -20,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -29,7 +37,7 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from batchserve.core.domain import StateChange
+from batchserve.core.domain import RequestState, StateChange
 from batchserve.core.logs import get_logger
 
 log = get_logger("batchserve.tokenlog")
@@ -84,6 +92,14 @@ def entry_key(entry_id: str) -> tuple[int, int]:
     return ms, seq
 
 
+TERMINAL = frozenset(state.value for state in RequestState if state.terminal)
+
+
+def ends(entry: LogEntry) -> bool:
+    """Whether ``entry`` is the request's end (a terminal state)."""
+    return entry.kind == STATE and entry.state in TERMINAL
+
+
 def state_entries(event: StateChange) -> list[tuple[str, LogEntry]]:
     """The log entries of a committed state change, one for each of its requests."""
     entry = LogEntry.of_state(event.state.value, event.batch_id)
@@ -93,9 +109,14 @@ def state_entries(event: StateChange) -> list[tuple[str, LogEntry]]:
 @dataclass(frozen=True, slots=True)
 class TokenLogConfig:
     ttl_s: float = 3600.0  # a log lives this long after its last write
+    linger_s: float = 60.0  # and at most this long after the request's end
     max_entries: int = 10_000  # per request (approximate on Redis)
     max_pending: int = 100_000  # entries waiting to be written; past it new ones are dropped
     retry_after_s: float = 1.0  # after a failed write, entries are dropped this long
+
+    @property
+    def lingers_s(self) -> float:
+        return min(self.linger_s, self.ttl_s)
 
 
 class TokenLog(ABC):
@@ -150,7 +171,9 @@ class MemoryTokenLog(TokenLog):
                     maxlen=self.config.max_entries
                 )
             entries_of.append((self._next_id(request_id, now), entry))
-            self._expires_at[request_id] = now + self.config.ttl_s
+            self._expires_at[request_id] = now + (
+                self.config.lingers_s if ends(entry) else self.config.ttl_s
+            )
             for waiter in self._waiting.get(request_id, ()):
                 waiter.set()
 
@@ -270,21 +293,28 @@ class RedisTokenLog(TokenLog):
     async def _write(self, batch: list[tuple[str, LogEntry]]) -> None:
         pipe = self._writer.pipeline(transaction=False)
         keys: set[str] = set()
+        ended: set[str] = set()
         for request_id, entry in batch:
             key = self.key(request_id)
             keys.add(key)
             pipe.xadd(key, entry.fields(), maxlen=self.config.max_entries, approximate=True)  # type: ignore[arg-type]
+            if ends(entry):
+                ended.add(key)
         # The expiry is renewed once a tenth of the TTL per key, not with every step's delta
         # (half the commands of a step otherwise): a log lives at least 90 % of the TTL past
-        # its last write.
+        # its last write. A request that ended keeps its log only a linger more.
         ttl_s = max(1, int(self.config.ttl_s))
         now = time.monotonic()
         if len(self._renewed_at) > 100_000:
             self._renewed_at.clear()
-        for key in keys:
+        for key in keys - ended:
             if now - self._renewed_at.get(key, -ttl_s) >= ttl_s / 10:
                 pipe.expire(key, ttl_s)
                 self._renewed_at[key] = now
+        linger_s = max(1, math.ceil(self.config.lingers_s))
+        for key in ended:
+            pipe.expire(key, linger_s)
+            self._renewed_at.pop(key, None)
         try:
             await pipe.execute()
         except (RedisError, OSError) as error:

@@ -78,7 +78,9 @@ class Adapters:
 
 def token_log_config(settings: Settings) -> TokenLogConfig:
     return TokenLogConfig(
-        ttl_s=settings.token_log_ttl_s, max_entries=settings.token_log_max_entries
+        ttl_s=settings.token_log_ttl_s,
+        linger_s=settings.token_log_linger_s,
+        max_entries=settings.token_log_max_entries,
     )
 
 

@@ -25,7 +25,7 @@ from batchserve.testing.deployment import free_port
 from tests.support import servers
 from tests.support.stepped import Clock
 
-CONFIG = TokenLogConfig(ttl_s=60.0, max_entries=100)
+CONFIG = TokenLogConfig(ttl_s=60.0, linger_s=5.0, max_entries=100)
 
 
 class Backend:
@@ -134,6 +134,31 @@ async def test_the_log_expires_after_its_last_write(backend: Backend) -> None:
     assert [e.text for _, e in await read_all(log, "r1")] == ["a", "b"]
     backend.clock.advance(2)
     assert await read_all(log, "r1") == []
+
+
+async def test_a_finished_requests_log_lingers_only_a_little(backend: Backend) -> None:
+    log = backend.log
+    log.append(
+        [("r1", LogEntry.of_state("running", "b1")), ("r2", LogEntry.of_state("running", "b1"))]
+    )
+    await log.flush()
+    await log.on_change(StateChange(("r1",), RequestState.SUCCEEDED, batch_id="b1"))
+    log.append([("r2", LogEntry.delta("b1", "more"))])
+    await log.flush()
+    if isinstance(log, RedisTokenLog):
+        client = redis.Redis.from_url(servers.REDIS_URL)
+        try:
+            ended, running = client.ttl(log.key("r1")), client.ttl(log.key("r2"))
+        finally:
+            client.close()
+        assert isinstance(ended, int) and 0 < ended <= CONFIG.linger_s
+        assert isinstance(running, int) and CONFIG.ttl_s - 5 <= running <= CONFIG.ttl_s
+        return
+    backend.clock.advance(CONFIG.linger_s - 1)
+    assert [e.state for _, e in await read_all(log, "r1")] == ["running", "succeeded"]
+    backend.clock.advance(2)
+    assert await read_all(log, "r1") == []
+    assert [e.kind for _, e in await read_all(log, "r2")] == ["state", "delta"]
 
 
 async def test_a_store_change_logs_each_request_state(backend: Backend) -> None:

@@ -4,6 +4,7 @@ exactly the rest, and whatever the log lost, the text a client ends with is the 
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -80,8 +81,10 @@ class Rig:
 
 
 @pytest.fixture
-async def rig(tmp_path: Path) -> Rig:
-    return Rig(tmp_path)
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    made = Rig(tmp_path)
+    yield made
+    await made.store.engine.dispose()
 
 
 async def test_a_finished_request_replays_its_run_and_ends_with_the_stored_request(
@@ -127,6 +130,20 @@ async def test_a_stream_whose_log_is_gone_replays_the_stored_answer(rig: Rig) ->
     replay = await rig.events(request_id)
     assert [e.event for e in replay] == ["delta", "state"] and assembled(replay) == ANSWER
     # A client that had part of it before the log went: the whole answer over again.
+    resumed = await rig.events(request_id, events[1].id)
+    assert [e.event for e in resumed] == ["reset", "delta", "state"]
+    assert assembled(resumed, "Hello") == ANSWER
+
+
+async def test_a_finished_requests_log_lingers_for_a_broken_stream_to_resume(rig: Rig) -> None:
+    request_id = await rig.request()
+    await rig.run(request_id, ["Hello", ", wor"])
+    events = await rig.events(request_id)
+    linger_s = rig.tokens.config.linger_s
+    assert linger_s < rig.tokens.config.ttl_s
+    rig.clock.advance(linger_s - 1)  # within the linger: exactly the rest
+    assert await rig.events(request_id, events[1].id) == events[2:]
+    rig.clock.advance(2)  # past it, long before the TTL: the log is gone
     resumed = await rig.events(request_id, events[1].id)
     assert [e.event for e in resumed] == ["reset", "delta", "state"]
     assert assembled(resumed, "Hello") == ANSWER
