@@ -123,8 +123,10 @@ class TokenLog(ABC):
     """Per request, an append-only log of entries that any reader can follow from an offset."""
 
     @abstractmethod
-    def append(self, entries: Appended) -> None:
-        """Queue ``entries`` for writing, in order, without waiting (best effort)."""
+    def append(self, entries: Appended, *, create: bool = True) -> None:
+        """Queue ``entries`` for writing, in order, without waiting (best effort).
+        ``create=False``: only to logs that exist already (a batch model's answer, which the
+        stored result repeats: it needs no log of its own, nor the expiry one would take)."""
 
     @abstractmethod
     async def flush(self) -> None:
@@ -159,7 +161,7 @@ class MemoryTokenLog(TokenLog):
         self._waiting: dict[str, set[asyncio.Event]] = {}
         self._next_sweep_at = 0.0
 
-    def append(self, entries: Appended) -> None:
+    def append(self, entries: Appended, *, create: bool = True) -> None:
         now = self._clock()
         self._sweep(now)
         for request_id, entry in entries:
@@ -167,6 +169,8 @@ class MemoryTokenLog(TokenLog):
                 self._forget(request_id)
             entries_of = self._logs.get(request_id)
             if entries_of is None:
+                if not create:
+                    continue
                 entries_of = self._logs[request_id] = collections.deque(
                     maxlen=self.config.max_entries
                 )
@@ -253,7 +257,7 @@ class RedisTokenLog(TokenLog):
         self._reader = aioredis.from_url(
             url, socket_connect_timeout=2, socket_timeout=max_block_s + 5
         )
-        self._pending: list[tuple[str, LogEntry]] = []
+        self._pending: list[tuple[str, LogEntry, bool]] = []  # (request id, entry, create)
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -265,13 +269,13 @@ class RedisTokenLog(TokenLog):
     def key(self, request_id: str) -> str:
         return f"{self._prefix}.tokens.{request_id}"
 
-    def append(self, entries: Appended) -> None:
+    def append(self, entries: Appended, *, create: bool = True) -> None:
         if not entries:
             return
         if time.monotonic() < self._down_until or len(self._pending) >= self.config.max_pending:
             self._dropped += len(entries)
             return
-        self._pending.extend(entries)
+        self._pending.extend((request_id, entry, create) for request_id, entry in entries)
         self._idle.clear()
         self._wake.set()
         if self._task is None or self._task.done():
@@ -290,14 +294,19 @@ class RedisTokenLog(TokenLog):
                 await self._write(batch)
             self._idle.set()
 
-    async def _write(self, batch: list[tuple[str, LogEntry]]) -> None:
+    async def _write(self, batch: list[tuple[str, LogEntry, bool]]) -> None:
         pipe = self._writer.pipeline(transaction=False)
-        keys: set[str] = set()
+        keys: set[str] = set()  # those written that may have been made here: given an expiry
         ended: set[str] = set()
-        for request_id, entry in batch:
+        for request_id, entry, create in batch:
             key = self.key(request_id)
-            keys.add(key)
-            pipe.xadd(key, entry.fields(), maxlen=self.config.max_entries, approximate=True)  # type: ignore[arg-type]
+            fields = entry.fields()
+            cap = self.config.max_entries
+            if create:
+                keys.add(key)
+                pipe.xadd(key, fields, maxlen=cap, approximate=True)  # type: ignore[arg-type]
+            else:
+                pipe.xadd(key, fields, maxlen=cap, approximate=True, nomkstream=True)  # type: ignore[arg-type]
             if ends(entry):
                 ended.add(key)
         # The expiry is renewed once a tenth of the TTL per key, not with every step's delta

@@ -227,11 +227,13 @@ class BatchRunner:
 
     def stream_outputs(self, batch_id: str, results: Sequence[ItemResult]) -> None:
         """A batch model makes each answer at once: its stream gets it as one delta, just
-        before the result is stored (a stale attempt's is superseded by the next run's)."""
+        before the result is stored (a stale attempt's is superseded by the next run's). Only
+        to a log its start made: without one, the stream's end brings the stored answer."""
         if self._tokens is None:
             return
         self._tokens.append(
-            [(r.request_id, LogEntry.delta(batch_id, r.output)) for r in results if r.output]
+            [(r.request_id, LogEntry.delta(batch_id, r.output)) for r in results if r.output],
+            create=False,
         )
 
     async def _with_patience(self, batch_id: uuid.UUID, write: Callable[[], Awaitable[T]]) -> T:

@@ -161,6 +161,23 @@ async def test_a_finished_requests_log_lingers_only_a_little(backend: Backend) -
     assert [e.kind for _, e in await read_all(log, "r2")] == ["state", "delta"]
 
 
+async def test_an_answer_the_stored_result_repeats_goes_only_to_a_log_that_exists(
+    backend: Backend,
+) -> None:
+    log = backend.log
+    log.append([("r1", LogEntry.of_state("running", "b1"))])
+    log.append([(r, LogEntry.delta("b1", "answer")) for r in ("r1", "r2")], create=False)
+    await log.flush()
+    assert [e.kind for _, e in await read_all(log, "r1")] == ["state", "delta"]
+    assert await read_all(log, "r2") == []  # no log made for it (nor an expiry to keep)
+    if isinstance(log, RedisTokenLog):
+        client = redis.Redis.from_url(servers.REDIS_URL)
+        try:
+            assert not client.exists(log.key("r2"))
+        finally:
+            client.close()
+
+
 async def test_a_store_change_logs_each_request_state(backend: Backend) -> None:
     log = backend.log
     await log.on_change(StateChange(("r1", "r2"), RequestState.RUNNING, batch_id="b1"))
