@@ -115,7 +115,7 @@ class TokenLogConfig:
     retry_after_s: float = 1.0  # after a failed write, entries are dropped this long
 
     @property
-    def lingers_s(self) -> float:
+    def kept_after_end_s(self) -> float:
         return min(self.linger_s, self.ttl_s)
 
 
@@ -176,7 +176,7 @@ class MemoryTokenLog(TokenLog):
                 )
             entries_of.append((self._next_id(request_id, now), entry))
             self._expires_at[request_id] = now + (
-                self.config.lingers_s if ends(entry) else self.config.ttl_s
+                self.config.kept_after_end_s if ends(entry) else self.config.ttl_s
             )
             for waiter in self._waiting.get(request_id, ()):
                 waiter.set()
@@ -300,13 +300,15 @@ class RedisTokenLog(TokenLog):
         ended: set[str] = set()
         for request_id, entry, create in batch:
             key = self.key(request_id)
-            fields = entry.fields()
-            cap = self.config.max_entries
             if create:
                 keys.add(key)
-                pipe.xadd(key, fields, maxlen=cap, approximate=True)  # type: ignore[arg-type]
-            else:
-                pipe.xadd(key, fields, maxlen=cap, approximate=True, nomkstream=True)  # type: ignore[arg-type]
+            pipe.xadd(
+                key,
+                entry.fields(),  # type: ignore[arg-type]
+                maxlen=self.config.max_entries,
+                approximate=True,
+                nomkstream=not create,
+            )
             if ends(entry):
                 ended.add(key)
         # The expiry is renewed once a tenth of the TTL per key, not with every step's delta
@@ -320,7 +322,7 @@ class RedisTokenLog(TokenLog):
             if now - self._renewed_at.get(key, -ttl_s) >= ttl_s / 10:
                 pipe.expire(key, ttl_s)
                 self._renewed_at[key] = now
-        linger_s = max(1, math.ceil(self.config.lingers_s))
+        linger_s = max(1, math.ceil(self.config.kept_after_end_s))
         for key in ended:
             pipe.expire(key, linger_s)
             self._renewed_at.pop(key, None)
