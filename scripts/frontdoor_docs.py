@@ -799,7 +799,63 @@ def main() -> None:
     print(ab_verdict(join_lower(together, "changes", TOGETHER_WAYS)) + "\n")
     print(join_table(together, "changes"))
     print(TOGETHER_AFTER.format(**together_verdict(together)))
+    wakeups = load("frontdoor-wakeups.json")
+    print(WAKEUPS.format(**wakeups_verdict(wakeups)))
+    print(wakeups_table(wakeups))
+    print(WAKEUPS_AFTER.format(**wakeups_verdict(wakeups)))
     print(EARLIER)
+
+
+WAKEUP_ROLES = ("api", "batcher", "worker")
+
+
+def wakeups_table(doc: dict[str, Any]) -> str:
+    lines = [
+        "| role | wakes a second, idle | CPU ms a second, idle | a lone request: wake-ups "
+        "| CPU ms | at {rate:g}/s, a request: wake-ups | CPU ms |".format(rate=doc["rate"]),
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for role in WAKEUP_ROLES:
+        idle, lone, loaded = doc["idle"][role], doc["lone"][role], doc["loaded"][role]
+        lines.append(
+            f"| {role} | {idle['wakeups_a_s']:.1f} | {idle['cpu_ms_a_s']:.1f} "
+            f"| {lone['wakeups']:.1f} | {lone['cpu_ms']:.1f} "
+            f"| {loaded['wakeups']:.1f} | {loaded['cpu_ms']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def wakeups_verdict(doc: dict[str, Any]) -> dict[str, str]:
+    bare = sorted(doc["bare_wakeup_cpu_ms"].values())
+    lone = {k: sum(doc["lone"][r][k] for r in WAKEUP_ROLES) for k in ("wakeups", "cpu_ms")}
+    loaded = {k: sum(doc["loaded"][r][k] for r in WAKEUP_ROLES) for k in ("wakeups", "cpu_ms")}
+    machine, idle = doc["machine"], doc["idle"]
+
+    def woken(count: float) -> str:
+        return f"{count * bare[0]:.1f}-{count * bare[-1]:.1f}"
+
+    def share(spent: dict[str, float]) -> str:
+        low, high = (spent["wakeups"] * b / spent["cpu_ms"] for b in (bare[0], bare[-1]))
+        return f"{100 * low:.0f}-{100 * high:.0f} %"
+
+    return {
+        "machine": f"{machine['cpu']}, {machine['cores']} cores, {machine['date']}",
+        "bare": f"{bare[0]:.2f}-{bare[-1]:.2f}",
+        "lone": str(doc["lone_requests"]),
+        "rate": f"{doc['rate']:g}",
+        "lone_wakeups": f"{lone['wakeups']:.0f}",
+        "lone_cpu": f"{lone['cpu_ms']:.1f}",
+        "lone_bare": woken(lone["wakeups"]),
+        "loaded_wakeups": f"{loaded['wakeups']:.0f}",
+        "loaded_cpu": f"{loaded['cpu_ms']:.1f}",
+        "loaded_bare": woken(loaded["wakeups"]),
+        "lone_share": share(lone),
+        "loaded_share": share(loaded),
+        "maintenance_wakeups": f"{idle['maintenance']['wakeups_a_s']:.0f}",
+        "maintenance_cpu": f"{idle['maintenance']['cpu_ms_a_s']:.1f}",
+        "batcher_wakeups": f"{idle['batcher']['wakeups_a_s']:.0f}",
+        "batcher_cpu": f"{idle['batcher']['cpu_ms_a_s']:.1f}",
+    }
 
 
 def encodings_lowest(doc: dict[str, Any]) -> dict[tuple[str, str], dict[str, float]]:
@@ -1678,6 +1734,33 @@ republishes only requests whose publish was never confirmed), so transient messa
 need another way to find requests whose message the broker lost (a restarted broker), and a
 classic queue would give up a cluster's replication to save {classic_saved} of the quorum
 queue's CPU.
+"""
+
+WAKEUPS = """
+### What a wake-up costs, and how many a request makes (measured, nothing changed)
+
+The roles' CPU a request is far higher at low load than under load (the tables at the top: a
+long-poll request's CPU at 30/s against 100/s). `python scripts/bench_wakeups.py --json >
+docs/frontdoor-wakeups.json` ([frontdoor-wakeups.json](frontdoor-wakeups.json); {machine})
+counts each role's wake-ups (the context switches of its threads and processes in `/proc`) and
+its CPU: idle, for {lone} lone requests (submitted and long-polled to their end one at a
+time, 0.3 s apart; the idle rate taken off), and at {rate}/s (open loop, each long-polled to
+its end). First, what waking a Python process costs here at all: an empty uvloop loop that
+only sleeps spent {bare} ms of CPU a wake-up.
+"""
+
+WAKEUPS_AFTER = """
+A lone request woke the API, the batcher and the worker {lone_wakeups} times and cost them
+{lone_cpu} ms of CPU, {lone_bare} ms of it the bare cost of those wake-ups; at {rate}/s a
+request cost them {loaded_wakeups} wake-ups and {loaded_cpu} ms ({loaded_bare} ms of bare
+wake-ups), each wake-up serving several requests (a group commit, a batch, a notification of
+many). So {lone_share} of a lone request's CPU here, and {loaded_share} of a request's at
+{rate}/s, is the cost of waking a process at all: each hop of the path (the API's commit, publish and confirm, the batcher's claim and
+send, the worker's hand-over to its pool process, its lease, results and notifications) wakes
+one, which then does little. So goal 4 asks for fewer wake-ups a request as much as for
+faster code between them: work that one wake-up does for many requests, and timers that need
+not fire (idle, the maintenance role woke {maintenance_wakeups} times a second for
+{maintenance_cpu} ms of CPU, the batcher {batcher_wakeups} times for {batcher_cpu} ms).
 """
 
 EARLIER = """

@@ -670,3 +670,20 @@ def test_the_three_changes_together_lowered_the_p99_gap_and_left_goal_one_unmet(
         f"met in {verdict['p99_met']} of {verdict['runs']} runs with them and "
         f"{verdict['p99_met_old']} of {verdict['runs']} before them" in PROSE
     )
+
+
+def test_a_lone_request_wakes_the_roles_far_more_than_a_loaded_one() -> None:
+    """The wake-ups section: a request costs the roles several times the wake-ups and the CPU
+    when it comes alone, and what one wake-up costs an empty process is a real share of it
+    (the section's "far higher at low load", "each wake-up serving several requests" and the
+    shares it prints)."""
+    doc = _run("frontdoor-wakeups.json")
+    roles = ("api", "batcher", "worker")
+    lone = {k: sum(doc["lone"][r][k] for r in roles) for k in ("wakeups", "cpu_ms")}
+    loaded = {k: sum(doc["loaded"][r][k] for r in roles) for k in ("wakeups", "cpu_ms")}
+    assert lone["cpu_ms"] > 2 * loaded["cpu_ms"] and lone["wakeups"] > 2 * loaded["wakeups"]
+    assert doc["loaded_answered"] >= 0.9 * doc["rate"] * 10
+    bare = min(doc["bare_wakeup_cpu_ms"].values())
+    for spent in (lone, loaded):
+        assert spent["wakeups"] * bare >= 0.3 * spent["cpu_ms"]
+    assert f"woke the API, the batcher and the worker {lone['wakeups']:.0f} times" in PROSE
