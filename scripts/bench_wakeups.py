@@ -35,6 +35,7 @@ import orjson
 import uvloop
 from bench_broker import machine, report
 
+from batchserve.bench.latency import TERMINAL
 from batchserve.bench.loadgen import Submitted, open_loop, poisson_schedule
 from batchserve.bench.stack import BenchDeployment, variants
 from batchserve.core.settings import load_settings
@@ -53,21 +54,10 @@ def bare_wakeup_ms(rate: float, seconds: float = 3.0) -> float:
     return uvloop.run(sleeps())
 
 
-def _tree(pid: int) -> list[int]:
-    pids = [pid]
-    try:
-        for thread in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{thread}/children") as children:
-                pids += [p for child in children.read().split() for p in _tree(int(child))]
-    except OSError:
-        pass
-    return pids
-
-
-def switches(pid: int) -> int:
-    """Context switches so far of every thread of ``pid`` and of its descendants."""
+def switches(pids: list[int]) -> int:
+    """Context switches so far of every thread of these processes."""
     total = 0
-    for process in _tree(pid):
+    for process in pids:
         try:
             for thread in os.listdir(f"/proc/{process}/task"):
                 with open(f"/proc/{process}/task/{thread}/status") as status:
@@ -87,10 +77,13 @@ class Meter:
         self.kinds = {name: name.split(":")[0] for name in deployment.stack.roles}
 
     def read(self) -> tuple[dict[str, int], dict[str, float], float]:
+        """Wake-ups of the processes whose CPU ``BenchDeployment.cpu_s`` counts (a role and
+        its children: a worker with its pool), then that CPU."""
+        stack = self.deployment.stack
         woke: dict[str, int] = {}
-        for name, role in self.deployment.stack.roles.items():
+        for name, role in stack.roles.items():
             kind = self.kinds[name]
-            woke[kind] = woke.get(kind, 0) + switches(role.pid)
+            woke[kind] = woke.get(kind, 0) + switches([role.pid, *stack.child_pids(name)])
         return woke, self.deployment.cpu_s(), time.monotonic()
 
 
@@ -107,7 +100,7 @@ async def _until_done(session: aiohttp.ClientSession, request_id: str) -> None:
     for _ in range(10):
         async with session.get(f"/v1/requests/{request_id}", params={"wait": "30"}) as got:
             body = orjson.loads(await got.read())
-        if body.get("status") in ("succeeded", "failed", "cancelled", "expired"):
+        if body.get("status") in TERMINAL:
             return
 
 
