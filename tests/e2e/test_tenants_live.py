@@ -14,7 +14,6 @@ from batchserve.testing.deployment import Stack
 from tests.support.live import db_rows, wait_terminal
 
 B8 = "echo-b8"  # one slot: 80 requests/s
-ECHO = "echo-100ms"
 
 
 def p99(values: list[float]) -> float:
@@ -101,30 +100,35 @@ def batches_waited_out(stack: Stack, tenant: str, ids: list[str]) -> list[int]:
 async def test_a_burst_far_beyond_capacity_is_refused_early_and_nothing_accepted_is_lost(
     stack: Stack, http: httpx.AsyncClient
 ) -> None:
-    # One slot of 32 per 100 ms = 320/s; the backlog may hold 1 s of that.
+    # One slot of 8 per 100 ms = 80/s; the backlog may hold 1 s of that. The burst must come
+    # in faster than the slot drains it, however slowly a busy host's API admits: with a slot
+    # of 32 (320/s) a CI host running other suites beside it once admitted the whole burst at
+    # about the pace the slot served it, and rightly refused nothing.
     stack.env = {**stack.env, "BATCHSERVE_MAX_QUEUE_S": "1", "BATCHSERVE_MIN_BACKLOG": "50"}
-    stack.start_all({ECHO: 1})
+    stack.start_all({B8: 1})
     await wait_terminal(
         http,
-        [(await http.post("/v1/requests", json={"model": ECHO, "input": "warm"})).json()["id"]],
+        [(await http.post("/v1/requests", json={"model": B8, "input": "warm"})).json()["id"]],
     )
     await asyncio.sleep(0.3)  # a fresh load snapshot
     burst = await open_loop(
         stack.url,
         [0.0] * 2000,
-        lambda i: {"model": ECHO, "input": f"burst {i}"},
+        lambda i: {"model": B8, "input": f"burst {i}"},
         headers=stack.auth("tests"),
     )
     codes: dict[int, int] = {}
     for s in burst.submitted:
         codes[s.status] = codes.get(s.status, 0) + 1
-    print(f"burst of 2000: {codes}, errors {burst.errors}")
+    answered = [s.sent_at + s.latency_s for s in burst.submitted]
+    span_s = max(answered) - min(s.sent_at for s in burst.submitted)
+    print(f"burst of 2000: {codes}, errors {burst.errors}, answered within {span_s:.1f} s")
     assert burst.errors == 0 and set(codes) <= {202, 503}
-    assert codes.get(503, 0) > 0 and codes.get(202, 0) >= 320
+    assert codes.get(503, 0) > 0 and codes.get(202, 0) >= 80
     refusals: list[dict[str, Any]] = []
     async with httpx.AsyncClient(base_url=stack.url, headers=stack.auth("tests")) as client:
         for _ in range(3):
-            late = await client.post("/v1/requests", json={"model": ECHO, "input": "late"})
+            late = await client.post("/v1/requests", json={"model": B8, "input": "late"})
             if late.status_code == 503:
                 refusals.append({"retry_after": int(late.headers["retry-after"]), **late.json()})
     if refusals:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,10 @@ class Sent:
 
 
 class Rig:
+    made: list[Rig] = []  # closed after each test by close_rigs
+
     def __init__(self, tmp_path: Path, spec: ModelSpec, **batcher: object) -> None:
+        Rig.made.append(self)
         self.clock = Clock(now=time.time())
         self.events = MemoryEventBus()
         self.store: JobStore = sqlite_store(tmp_path, on_change=self.events.publish)
@@ -97,6 +100,11 @@ class Rig:
 
     async def start(self) -> None:
         await self.batcher.start(background=False)
+
+    async def close(self) -> None:
+        await self.batcher.stop()
+        await self.queue.close()  # its consumers' tasks, or the next test's loop finds them
+        await self.store.engine.dispose()
 
     async def arrive(
         self, count: int, *, max_tokens: int = 16, timeout_s: float = 600.0
@@ -132,6 +140,14 @@ class Rig:
             if due is None or due > self.clock():
                 return
         raise AssertionError("the batcher never settled")
+
+
+@pytest.fixture(autouse=True)
+async def close_rigs() -> AsyncIterator[None]:
+    yield
+    made, Rig.made = Rig.made, []
+    for rig in made:
+        await rig.close()
 
 
 class _Delivery(Delivery):
