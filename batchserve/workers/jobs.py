@@ -81,8 +81,12 @@ class JobDriver:
         self.config = config or JobDriverConfig.from_settings(settings)
         self._clock = clock
 
-    async def run(self) -> None:
-        log.info("job_driver_started", tick_s=round(self.config.tick_s, 2))
+    async def run(self, *, poll: bool = True) -> None:
+        """Move jobs along until cancelled: each loop steps when woken (a job announced, or
+        :meth:`poke`) and, with ``poll``, every ``tick_s`` besides; without it the caller's
+        own probe pokes it (maintenance does, every tick)."""
+        log.info("job_driver_started", tick_s=round(self.config.tick_s, 2) if poll else None)
+        timeout_s = self.config.tick_s if poll else None
         subscription = (
             self._events.subscribe(self._on_event, on_reconnect=self._wake_all, topics=(JOBS,))
             if self._events is not None
@@ -90,8 +94,8 @@ class JobDriver:
         )
         try:
             await asyncio.gather(
-                self._forever(self.ingest_once, self._wakes[0]),
-                self._forever(self.settle, self._wakes[1]),
+                self._forever(self.ingest_once, self._wakes[0], timeout_s),
+                self._forever(self.settle, self._wakes[1], timeout_s),
             )
         finally:
             if subscription is not None:
@@ -105,7 +109,16 @@ class JobDriver:
         for wake in self._wakes:
             wake.set()
 
-    async def _forever(self, step: Callable[[float], Awaitable[int]], wake: asyncio.Event) -> None:
+    def poke(self, *, ingest: bool, settle: bool) -> None:
+        """Wake the loops that have work: a job waits to be ingested, or one has not ended."""
+        if ingest:
+            self._wakes[0].set()
+        if settle:
+            self._wakes[1].set()
+
+    async def _forever(
+        self, step: Callable[[float], Awaitable[int]], wake: asyncio.Event, timeout_s: float | None
+    ) -> None:
         while True:
             wake.clear()  # before the step: a wake-up during it is not lost
             done = 0
@@ -116,10 +129,10 @@ class JobDriver:
             except Exception:
                 log.exception("job_driver_step_failed", step=step.__name__)
             if not done:
-                # A tick, or sooner when the API announces a job (the event is a hint: the
-                # tick finds what a missed one would have said).
+                # A tick or a poke, or sooner when the API announces a job (the event is a
+                # hint: the tick or the poke finds what a missed one would have said).
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), timeout=self.config.tick_s)
+                    await asyncio.wait_for(wake.wait(), timeout=timeout_s)
 
     # -- ingest ------------------------------------------------------------------------------
 

@@ -72,8 +72,10 @@ class Maintenance:
     async def run(self) -> None:
         log.info("maintenance_started", tick_s=round(self.config.tick_s, 2))
         # Ingest and output files take seconds: the job driver runs beside the tick, not in it,
-        # so a long ingest never delays lease reaping.
-        driver = asyncio.create_task(self._jobs.run()) if self._jobs is not None else None
+        # so a long ingest never delays lease reaping. Each tick's probe pokes the driver when
+        # a job has work: it polls nothing itself.
+        jobs = self._jobs
+        driver = asyncio.create_task(jobs.run(poll=False)) if jobs is not None else None
         try:
             await self._loop()
         finally:
@@ -101,10 +103,16 @@ class Maintenance:
             await asyncio.sleep(self.config.tick_s)
 
     async def tick(self, now: float) -> TickReport:
+        """One read says which tasks have work (``JobStore.due``); only those run."""
         report = TickReport()
-        await self.reap(now, report)
-        report.expired = len(await self._store.expire_overdue(now))
-        if now - self._last_republish >= self.config.republish_every_s:
+        due = await self._store.due(now, unpublished_before=now - self.config.republish_after_s)
+        if self._jobs is not None:
+            self._jobs.poke(ingest=due.ingest, settle=due.jobs)
+        if due.leases:
+            await self.reap(now, report)
+        if due.overdue:
+            report.expired = len(await self._store.expire_overdue(now))
+        if due.unpublished and now - self._last_republish >= self.config.republish_every_s:
             self._last_republish = now
             await self.republish(now, report)
         if now - self._last_prune >= self.config.prune_every_s:

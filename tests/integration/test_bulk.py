@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from typing import Any
 
 import httpx
@@ -26,7 +26,7 @@ from batchserve.core.ids import job_request_id
 from batchserve.core.settings import Settings
 from batchserve.core.store import ItemOutcome, JobStore
 from batchserve.workers.jobs import JobDriver, JobDriverConfig
-from batchserve.workers.maintenance import Maintenance
+from batchserve.workers.maintenance import Maintenance, MaintenanceConfig
 from tests.support import keys
 from tests.support.inprocess import asgi_client, running_app
 
@@ -232,18 +232,56 @@ async def test_a_job_goes_from_validating_to_completed_with_one_line_per_custom_
 async def test_the_driver_takes_a_new_job_and_a_cancellation_at_once_not_at_its_tick(
     client: httpx.AsyncClient, app: FastAPI
 ) -> None:
-    driver = driver_of(app, tick_s=60.0)
-    running = asyncio.create_task(driver.run())
-    try:
+    async with running_beside(driver_of(app, tick_s=60.0).run()):
         await asyncio.sleep(0.5)  # both loops found nothing and wait out a minute's tick
         created = await create_batch(client, jsonl([chat_line("a", "x"), chat_line("b", "y")]))
         await until(lambda: status_of(client, created["id"]), "in_progress")
         assert (await client.post(f"/v1/batches/{created['id']}/cancel")).status_code == 200
         await until(lambda: status_of(client, created["id"]), "cancelled")
+
+
+@contextlib.asynccontextmanager
+async def running_beside(work: Coroutine[Any, Any, None]) -> AsyncIterator[None]:
+    task = asyncio.create_task(work)
+    try:
+        yield
     finally:
-        running.cancel()
+        task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await running
+            await task
+
+
+async def test_maintenance_wakes_a_driver_that_polls_nothing_when_a_job_has_work(
+    client: httpx.AsyncClient, app: FastAPI
+) -> None:
+    """Under maintenance the driver has no tick of its own: each maintenance tick's probe
+    (``JobStore.due``) wakes the loop that has work, announced or not."""
+    adapters = app.state.services.adapters
+    driver = JobDriver(  # no events: it hears of no job but through maintenance
+        store=adapters.store,
+        queue=adapters.queue,
+        registry=adapters.registry,
+        settings=adapters.settings,
+    )
+    maintenance = Maintenance(
+        store=adapters.store,
+        queue=adapters.queue,
+        events=adapters.events,
+        config=MaintenanceConfig(tick_s=0.1),
+        jobs=driver,
+    )
+    store = store_of(app)
+    assert not await store.due(time.time(), unpublished_before=time.time() - 60)
+    created = await create_batch(client, jsonl([chat_line("a", "x"), chat_line("b", "y")]))
+    due = await store.due(time.time(), unpublished_before=time.time() - 60)
+    assert due.ingest and due.jobs
+    async with running_beside(maintenance.run()):
+        await until(lambda: status_of(client, created["id"]), "in_progress")
+        due = await store.due(time.time(), unpublished_before=time.time() - 60)
+        assert not due.ingest and due.jobs
+        assert (await client.post(f"/v1/batches/{created['id']}/cancel")).status_code == 200
+        await until(lambda: status_of(client, created["id"]), "cancelled")
+    assert not await store.due(time.time(), unpublished_before=time.time() - 60)
 
 
 async def status_of(client: httpx.AsyncClient, batch_id: str) -> str:

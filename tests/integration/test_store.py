@@ -13,8 +13,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import event, insert, select, text, update
 
+from batchserve.core.broker import MemoryRequestQueue
 from batchserve.core.db import Statements, create_engine
 from batchserve.core.domain import (
     BatchOutcome,
@@ -30,6 +31,7 @@ from batchserve.core.domain import (
     utcnow,
 )
 from batchserve.core.errors import IdempotencyConflict, IdempotencyInProgress, InvalidTransition
+from batchserve.core.events import MemoryEventBus
 from batchserve.core.ids import uuid7
 from batchserve.core.migrate import upgrade
 from batchserve.core.records import COMMAND_COLUMNS, aware, command_row
@@ -37,6 +39,7 @@ from batchserve.core.store import (
     Admission,
     BatchStart,
     ClaimedRequest,
+    Due,
     ItemOutcome,
     JobStore,
     Reaped,
@@ -44,6 +47,7 @@ from batchserve.core.store import (
 )
 from batchserve.core.store.base import NOTIFIED_OUTPUT_MAX_CHARS
 from batchserve.core.tables import jobs_table, requests_table
+from batchserve.workers.maintenance import Maintenance
 
 S = RequestState
 TIMINGS = Timings(1.0, 1.0, 100.0, 102.0)
@@ -600,6 +604,51 @@ async def test_overdue_queued_requests_expire_without_running(store: JobStore) -
         and record.error_code == "deadline_exceeded"
     )
     assert (await store.get(uuid.UUID(long))).state is S.QUEUED  # type: ignore[union-attr]
+
+
+async def test_due_names_the_tasks_with_work_and_nothing_when_idle(store: JobStore) -> None:
+    now = time.time()
+    assert not await store.due(now, unpublished_before=now)
+    [short] = await submit(store, command("s", timeout_s=0.05))
+    [leased] = await submit(store, command("l"))
+    await store.mark_published([leased])
+    # Within its deadline, published or recent: nothing yet.
+    assert await store.due(now, unpublished_before=now - 60) == Due()
+    assert await store.due(now + 1, unpublished_before=now + 1) == Due(
+        overdue=True, unpublished=True
+    )
+    batch_id = await claim(store, [leased], now)
+    await store.start_batch(batch_id, "w1", now, 0.5)
+    assert (await store.due(now + 0.1, unpublished_before=now - 60)).leases is False
+    assert await store.due(now + 1, unpublished_before=now - 60) == Due(leases=True, overdue=True)
+    # What the probes say is what the verbs find.
+    assert [lease.batch_id for lease in await store.expired_leases(now + 1)] == [batch_id]
+    assert await store.expire_overdue(now + 1) == [short]
+    assert [m.id for m in await store.unpublished(now + 1)] == []
+    assert (await store.due(now + 1, unpublished_before=now + 1)).leases is True
+    await store.reap_batch(batch_id, now=now + 1, outcome=BatchOutcome.CRASHED)
+    assert not await store.due(now + 1, unpublished_before=now - 60)
+
+
+async def test_an_idle_maintenance_tick_is_one_statement(store: JobStore) -> None:
+    """Each of maintenance's tasks used to cost a transaction a tick, work or not."""
+    statements: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if not statement.startswith("BEGIN"):  # SQLite's write lock (core/db.py), no statement
+            statements.append(statement)
+
+    maintenance = Maintenance(store=store, queue=MemoryRequestQueue(), events=MemoryEventBus())
+    event.listen(store.engine.sync_engine, "before_cursor_execute", seen)
+    try:
+        report = await maintenance.tick(time.time() + maintenance.config.prune_every_s)
+        assert report.pruned == 0  # the hourly prune ran in the first tick: a few statements
+        statements.clear()
+        for _ in range(3):
+            await maintenance.tick(time.time() + maintenance.config.prune_every_s)
+    finally:
+        event.remove(store.engine.sync_engine, "before_cursor_execute", seen)
+    assert len(statements) == 3, statements
 
 
 async def test_crashed_batch_requeues_members_in_halves(store: JobStore) -> None:

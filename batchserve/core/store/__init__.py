@@ -19,6 +19,7 @@ from batchserve.core.store.base import (
     advisory_key,
 )
 from batchserve.core.store.batches import BatchVerbs
+from batchserve.core.store.due import Due, DueVerbs
 from batchserve.core.store.files import FileVerbs
 from batchserve.core.store.ingest import IngestVerbs
 from batchserve.core.store.requests import RequestVerbs
@@ -37,6 +38,7 @@ class JobStore(
     IngestVerbs,
     SettleVerbs,
     TenantVerbs,
+    DueVerbs,
 ):
     """State changes of requests, batches, webhook deliveries, files and bulk jobs, on Postgres
     or SQLite."""
@@ -47,6 +49,7 @@ __all__ = [
     "Admission",
     "BatchStart",
     "ClaimedRequest",
+    "Due",
     "ExpiredLease",
     "ItemOutcome",
     "JobStore",

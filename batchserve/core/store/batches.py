@@ -8,7 +8,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any, NamedTuple
 
-from sqlalchemy import bindparam, case, func, insert, literal, select, text, tuple_, update
+from sqlalchemy import (
+    ColumnElement,
+    bindparam,
+    case,
+    func,
+    insert,
+    literal,
+    select,
+    text,
+    tuple_,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from batchserve.core import lifecycle
@@ -48,6 +59,11 @@ from batchserve.core.store.base import (
     new_delivery_id,
     requests_t,
 )
+
+
+def lease_expired(now: float) -> tuple[ColumnElement[bool], ...]:
+    """Open batches whose lease ran out by ``now``."""
+    return (batches_t.c.outcome.is_(None), batches_t.c.lease_expires_at < from_epoch(now))
 
 
 class FinishedSequence(NamedTuple):
@@ -595,7 +611,7 @@ class BatchVerbs(StoreBase):
         """Open batches whose lease ran out (maintenance reaps them)."""
         query = (
             select(batches_t.c.id, batches_t.c.model, batches_t.c.attempt)
-            .where(batches_t.c.outcome.is_(None), batches_t.c.lease_expires_at < from_epoch(now))
+            .where(*lease_expired(now))
             .limit(limit)
         )
         async with transaction(self.engine) as conn:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, or_, select, update
+from sqlalchemy import ColumnElement, delete, or_, select, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -33,20 +33,21 @@ J = JobStatus
 SQLITE_ROWS_PER_INSERT = 500
 
 
+def ingest_waiting(now: float) -> tuple[ColumnElement[bool], ...]:
+    """Validating jobs within their window that no driver holds (or whose holder's lease ran
+    out by ``now``)."""
+    now_dt = from_epoch(now)
+    return (
+        jobs_t.c.status == J.VALIDATING.value,
+        jobs_t.c.expires_at > now_dt,
+        or_(jobs_t.c.lease_expires_at.is_(None), jobs_t.c.lease_expires_at <= now_dt),
+    )
+
+
 class IngestVerbs(StoreBase):
     async def claim_ingest(self, now: float, *, lease_s: float) -> IngestClaim | None:
         """Lease the oldest validating job nobody holds (or whose holder's lease ran out)."""
-        now_dt = from_epoch(now)
-        free = (
-            select(jobs_t.c.id)
-            .where(
-                jobs_t.c.status == J.VALIDATING.value,
-                jobs_t.c.expires_at > now_dt,
-                or_(jobs_t.c.lease_expires_at.is_(None), jobs_t.c.lease_expires_at <= now_dt),
-            )
-            .order_by(jobs_t.c.id)
-            .limit(1)
-        )
+        free = select(jobs_t.c.id).where(*ingest_waiting(now)).order_by(jobs_t.c.id).limit(1)
         if self._postgres:
             free = free.with_for_update(skip_locked=True)
         token = uuid7()

@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import ColumnElement, delete, func, select, text, update
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -54,6 +54,20 @@ from batchserve.core.store.base import (
 from batchserve.core.store.creations import creations_t
 from batchserve.core.store.files import ACTIVE_JOB
 from batchserve.core.tables import attempts_table, jobs_table
+
+
+def deadline_passed(now: float) -> tuple[ColumnElement[bool], ...]:
+    """Queued requests whose deadline passed by ``now``."""
+    return (requests_t.c.state == S.QUEUED.value, requests_t.c.deadline < from_epoch(now))
+
+
+def never_published(older_than: float) -> tuple[ColumnElement[bool], ...]:
+    """Queued requests committed before ``older_than`` and never confirmed on the broker."""
+    return (
+        requests_t.c.state == S.QUEUED.value,
+        requests_t.c.published_at.is_(None),
+        requests_t.c.created_at < from_epoch(older_than),
+    )
 
 
 class RequestVerbs(StoreBase):
@@ -309,11 +323,7 @@ class RequestVerbs(StoreBase):
 
     async def expire_overdue(self, now: float, limit: int = 1000) -> list[str]:
         """Expire queued requests whose deadline has passed (maintenance)."""
-        overdue = (
-            select(requests_t.c.id)
-            .where(requests_t.c.state == S.QUEUED.value, requests_t.c.deadline < from_epoch(now))
-            .limit(limit)
-        )
+        overdue = select(requests_t.c.id).where(*deadline_passed(now)).limit(limit)
         if self._postgres:
             overdue = overdue.with_for_update(skip_locked=True)
         async with transaction(self.engine) as conn:
@@ -330,11 +340,7 @@ class RequestVerbs(StoreBase):
         """Queued requests committed but never confirmed on the broker (maintenance)."""
         query = (
             select(*MESSAGE_COLUMNS)
-            .where(
-                requests_t.c.state == S.QUEUED.value,
-                requests_t.c.published_at.is_(None),
-                requests_t.c.created_at < from_epoch(older_than),
-            )
+            .where(*never_published(older_than))
             .order_by(requests_t.c.created_at)
             .limit(limit)
         )

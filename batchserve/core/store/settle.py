@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Exists, exists, select, update
+from sqlalchemy import ColumnElement, Exists, exists, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from batchserve.core.bulk import FilePurpose, JobLine, JobStatus, RenderedFiles, job_public_id
@@ -34,6 +34,12 @@ Render = Callable[[str, JobStatus, Sequence[JobLine], bytes | None], RenderedFil
 ENDED_AT = {J.COMPLETED: "completed_at", J.EXPIRED: "expired_at", J.CANCELLED: "cancelled_at"}
 
 
+def job_not_ended() -> ColumnElement[bool]:
+    """Jobs the driver still has to move along."""
+    active = (J.VALIDATING, J.IN_PROGRESS, J.FINALIZING, J.CANCELLING)
+    return jobs_t.c.status.in_([s.value for s in active])
+
+
 @dataclass(frozen=True, slots=True)
 class ActiveJob:
     id: uuid.UUID
@@ -44,10 +50,9 @@ class ActiveJob:
 class SettleVerbs(JobVerbs):
     async def active_jobs(self, limit: int = 100) -> list[ActiveJob]:
         """Jobs not yet ended, oldest first (the job driver moves them along)."""
-        active = (J.VALIDATING, J.IN_PROGRESS, J.FINALIZING, J.CANCELLING)
         query = (
             select(jobs_t.c.id, jobs_t.c.status, jobs_t.c.expires_at)
-            .where(jobs_t.c.status.in_([s.value for s in active]))
+            .where(job_not_ended())
             .order_by(jobs_t.c.id)
             .limit(limit)
         )
