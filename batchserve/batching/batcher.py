@@ -240,8 +240,10 @@ class ModelBatcher(BatcherJobs):
         ]
         if isinstance(self.estimator, LearnedBatchTime):
             self._jobs.append(Job(cfg.learn_s, self._learn))
-        if loadboard is not None:
-            self._jobs.append(Job(cfg.publish_load_s, self._publish_load))
+        self._jobs_wake = asyncio.Event()  # a job brought forward (an arrival at a quiet batcher)
+        self._load_job = Job(cfg.publish_load_s, self._publish_load) if loadboard else None
+        if self._load_job is not None:
+            self._jobs.append(self._load_job)
 
     # -- inputs ----------------------------------------------------------------------------
 
@@ -267,6 +269,7 @@ class ModelBatcher(BatcherJobs):
             )
             if fresh:
                 self.rate.observe(received_at)
+            self._load_changes(received_at)
             if message.group is not None:
                 # The members of a crashed batch come back one message at a time and are
                 # overdue: let them all arrive, so they are halved as two batches, not

@@ -10,6 +10,7 @@ admits by.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,14 @@ log = get_logger("batchserve.batcher")
 LEARN_OVERLAP_S = 60.0
 
 
+def quiet(shape: LoadSnapshot) -> bool:
+    """A load with nothing held, queued, running or arriving (``load_shape``'s view)."""
+    engine_busy = shape.kind == "engine" and shape.free_seqs < shape.slots
+    waiting = shape.pending_interactive + shape.pending_bulk
+    waiting += shape.queued_interactive + shape.queued_bulk
+    return not (waiting or shape.slot_free_at or shape.arrival_rate or engine_busy)
+
+
 @dataclass(slots=True)
 class Job:
     """A background job of the batcher, due every ``period_s``."""
@@ -72,6 +81,8 @@ class BatcherJobs:
     _loadboard: LoadBoard | None
     _clock: Callable[[], float]
     _jobs: list[Job]
+    _jobs_wake: asyncio.Event
+    _load_job: Job | None
     _wake: asyncio.Event
     _queued: dict[Lane, int]
     _recently_closed: dict[uuid.UUID, float]
@@ -100,8 +111,10 @@ class BatcherJobs:
 
     async def _background(self) -> None:
         while True:
+            self._jobs_wake.clear()  # before the jobs run: a job brought forward meanwhile runs
             due = await self.run_due(self._clock())
-            await asyncio.sleep(max(0.0, due - self._clock()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._jobs_wake.wait(), max(0.0, due - self._clock()))
 
     async def _refresh_slots(self) -> None:
         found = await self._slots.capacity(self.spec.name, self._clock())
@@ -236,10 +249,21 @@ class BatcherJobs:
         # Unchanged load is sent again only every LOAD_KEEPALIVE_S, so that readers never
         # find it stale: an idle batcher no longer writes Redis ten times a second.
         shape = load_shape(snapshot)
-        if shape == self._published_shape and now - self._published_at < LOAD_KEEPALIVE_S:
-            return
-        await self._loadboard.publish(snapshot)
-        self._published_shape, self._published_at = shape, now
+        if shape != self._published_shape or now - self._published_at >= LOAD_KEEPALIVE_S:
+            await self._loadboard.publish(snapshot)
+            self._published_shape, self._published_at = shape, now
+        if self._load_job is not None and quiet(shape):
+            # Nothing held, queued, running or arriving: no check until the keep-alive is due,
+            # or an arrival brings it forward (_load_changes). An idle batcher no longer wakes
+            # ten times a second to find its load unchanged.
+            self._load_job.due_at = self._published_at + LOAD_KEEPALIVE_S
+
+    def _load_changes(self, now: float) -> None:
+        """A request arrived: the load check is due at once if a quiet spell deferred it."""
+        job = self._load_job
+        if job is not None and job.due_at > now + job.period_s:
+            job.due_at = now
+            self._jobs_wake.set()
 
     def estimate(self) -> dict[str, object]:
         """What the batcher currently believes a batch (engine models: a sequence) takes,

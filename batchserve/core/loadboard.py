@@ -1,9 +1,11 @@
 """The batcher's published view of its load, which the API reads to refuse hopeless deadlines.
 
 The active batcher of each model publishes a :class:`LoadSnapshot` when its load changes
-(checked every ~100 ms) and at least every ``LOAD_KEEPALIVE_S`` (Redis key with a short TTL,
-or in memory for the embedded mode). Admission reads it to estimate when a
-new request would finish; a missing or stale snapshot means "don't know" and admits.
+(checked every ~100 ms; a quiet batcher, with nothing held, queued, running or arriving, checks
+at the keep-alive, or at once when a request arrives) and at least every ``LOAD_KEEPALIVE_S``
+(Redis key with a short TTL, or in memory for the embedded mode). Admission reads it to
+estimate when a new request would finish; a missing or stale snapshot means "don't know" and
+admits.
 """
 
 from __future__ import annotations

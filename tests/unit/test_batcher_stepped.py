@@ -456,6 +456,16 @@ async def test_load_is_published_when_it_changes_and_kept_fresh_while_it_does_no
     rig.board = board = CountingBoard()
     rig.batcher._loadboard = board
     rig.slots.register(ECHO.name, "w1", 1, float("inf"))
+    job = rig.batcher._load_job
+    assert job is not None
+    checks: list[float] = []
+    check = job.run
+
+    async def counted() -> None:
+        checks.append(rig.clock())
+        await check()
+
+    job.run = counted
     await rig.start()
     start = rig.clock()
 
@@ -470,13 +480,18 @@ async def test_load_is_published_when_it_changes_and_kept_fresh_while_it_does_no
     assert 3 <= len(board.published) <= 5 and max(gaps) <= LOAD_KEEPALIVE_S + 0.11, gaps
     fresh = await board.fresh(ECHO.name, rig.clock())
     assert fresh is not None and fresh.pending_interactive == 0
+    # Quiet, the load is looked at only when its keep-alive is due, not every publish_load_s.
+    assert len(checks) == len(board.published), checks
 
     before = len(board.published)
-    await rig.arrive(2)  # a change: published at the next tick, not a keep-alive later
-    await tick(0.1)
+    await rig.arrive(2)  # a change: checked and published at once, not a keep-alive later
+    await rig.batcher.run_due(rig.clock())
     assert len(board.published) == before + 1
     snapshot = await board.read(ECHO.name)
     assert snapshot is not None and snapshot.pending_interactive == 2
+    checked = len(checks)
+    await tick(0.5)  # no longer quiet: checked every publish_load_s
+    assert len(checks) == checked + 5
 
 
 @pytest.mark.parametrize("spec", [ECHO, ENGINE], ids=["batch", "engine"])
