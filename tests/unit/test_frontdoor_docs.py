@@ -687,3 +687,34 @@ def test_a_lone_request_wakes_the_roles_far_more_than_a_loaded_one() -> None:
     for spent in (lone, loaded):
         assert spent["wakeups"] * bare >= 0.3 * spent["cpu_ms"]
     assert f"woke the API, the batcher and the worker {lone['wakeups']:.0f} times" in PROSE
+
+
+IDLE_AFTER = ("maintenance", "both")  # the ways with maintenance's change
+
+
+def test_idle_maintenance_and_batcher_wake_less_than_before() -> None:
+    """The idle section: maintenance's and the batcher's idle wake-ups and CPU with both
+    changes were below those of every round before them (maintenance's already with its change
+    alone), and the page prints the recorded spreads."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import frontdoor_docs
+
+    doc = _run("frontdoor-idle-ab.json")
+    assert [run["way"] for run in doc["runs"]] == list(frontdoor_docs.IDLE_WAYS) * 3
+
+    def idle(way: str, role: str, figure: str) -> list[float]:
+        return [run["idle"][role][figure] for run in doc["runs"] if run["way"] == way]
+
+    for figure in ("wakeups_a_s", "cpu_ms_a_s"):
+        assert max(idle("both", "batcher", figure)) < min(idle("before", "batcher", figure))
+        for way in ("maintenance", "both"):
+            assert max(idle(way, "maintenance", figure)) < min(
+                idle("before", "maintenance", figure)
+            )
+    assert all(run["loaded_answered"] >= 0.9 * doc["rate"] * 10 for run in doc["runs"])
+    verdict = frontdoor_docs.idle_verdict(doc)
+    assert (
+        f"maintenance went from {verdict['maintenance_wakeups_before']} to "
+        f"{verdict['maintenance_wakeups_after']} wake-ups a second" in PROSE
+    )
+    assert frontdoor_docs.idle_table(doc) in DOC
