@@ -877,6 +877,11 @@ def idle_spread(doc: dict[str, Any], way: str, read: Callable[[dict[str, Any]], 
     )
 
 
+def idle_figure(role: str, figure: str) -> Callable[[dict[str, Any]], float]:
+    """A run's idle figure of one role."""
+    return lambda run: float(run["idle"][role][figure])
+
+
 def loaded_cpu_ms(run: dict[str, Any]) -> float:
     """The four roles' CPU a request at the loaded rate (idle timers included)."""
     return float(sum(run["loaded"][role]["cpu_ms"] for role in IDLE_ROLES))
@@ -890,10 +895,8 @@ def idle_table(doc: dict[str, Any]) -> str:
             ("wakeups_a_s", "wake-ups a second"),
             ("cpu_ms_a_s", "CPU ms a second"),
         ):
-            cells = " | ".join(
-                idle_spread(doc, way, lambda run, r=role, f=figure: run["idle"][r][f])
-                for way in IDLE_WAYS
-            )
+            read = idle_figure(role, figure)
+            cells = " | ".join(idle_spread(doc, way, read) for way in IDLE_WAYS)
             lines.append(f"| {role}, idle: {label} | {cells} |")
     cells = " | ".join(idle_spread(doc, way, loaded_cpu_ms) for way in IDLE_WAYS)
     lines.append(f"| the four roles' CPU ms a request at {doc['rate']:g}/s | {cells} |")
@@ -902,7 +905,7 @@ def idle_table(doc: dict[str, Any]) -> str:
 
 def idle_verdict(doc: dict[str, Any]) -> dict[str, str]:
     def idle(way: str, role: str, figure: str) -> str:
-        return idle_spread(doc, way, lambda run: run["idle"][role][figure])
+        return idle_spread(doc, way, idle_figure(role, figure))
 
     return {
         "command": doc["command"],
