@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -104,18 +106,29 @@ class MemoryLoadBoard(LoadBoard):
 
 
 class RedisLoadBoard(LoadBoard):
-    """Snapshots in Redis. Readers keep a local copy that a background task refreshes every
-    ``refresh_s`` (one MGET for all models), so admission never waits on Redis."""
+    """Snapshots in Redis. Readers keep a local copy of the models they read (one MGET for all
+    of them), refreshed when a read finds it older than ``refresh_s``: in the background while
+    the copy is younger than ``LOAD_KEEPALIVE_S`` (admission never waits on Redis), and before
+    answering once it is older. A reader nobody asks reads Redis not at all (it polled ten
+    times a second)."""
 
     def __init__(
-        self, url: str, prefix: str, *, ttl_s: float = 2.0, refresh_s: float = 0.1
+        self,
+        url: str,
+        prefix: str,
+        *,
+        ttl_s: float = 2.0,
+        refresh_s: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._redis = aioredis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
         self._prefix = prefix
         self._ttl_ms = int(ttl_s * 1000)
         self._refresh_s = refresh_s
+        self._clock = clock
         self._local: dict[str, LoadSnapshot] = {}
         self._watched: set[str] = set()
+        self._fetched_at = float("-inf")
         self._refresher: asyncio.Task[None] | None = None
 
     def _key(self, model: str) -> str:
@@ -127,26 +140,36 @@ class RedisLoadBoard(LoadBoard):
             await self._redis.set(self._key(snapshot.model), snapshot.encode(), px=self._ttl_ms)
 
     async def read(self, model: str) -> LoadSnapshot | None:
+        age = self._clock() - self._fetched_at
         if model not in self._watched:
             self._watched.add(model)
-            await self._refresh()
-        if self._refresher is None:
-            self._refresher = asyncio.create_task(self._refresh_forever())
+            await self._refresh()  # its own read: one under way may not ask for this model
+        elif age > LOAD_KEEPALIVE_S:
+            await asyncio.shield(self._refreshing())
+        elif age > self._refresh_s:
+            self._refreshing()
         return self._local.get(model)
 
-    async def _refresh_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self._refresh_s)
-            await self._refresh()
+    def _refreshing(self) -> asyncio.Task[None]:
+        """The refresh under way, or a new one."""
+        if self._refresher is None or self._refresher.done():
+            self._refresher = asyncio.create_task(self._refresh())
+        return self._refresher
 
     async def _refresh(self) -> None:
         models = sorted(self._watched)
         try:
             bodies = await self._redis.mget([self._key(m) for m in models])
         except (RedisError, OSError):
-            self._local.clear()  # stale load is worse than none: admit while Redis is away
-            return
-        self._local = {m: LoadSnapshot.decode(b) for m, b in zip(models, bodies, strict=True) if b}
+            bodies = [None] * len(models)  # stale load is worse than none: admit while away
+        self._fetched_at = self._clock()
+        local = dict(self._local)  # a read of fewer models (under way when one was added)
+        for model, body in zip(models, bodies, strict=True):
+            if body:
+                local[model] = LoadSnapshot.decode(body)
+            else:
+                local.pop(model, None)
+        self._local = local
 
     async def close(self) -> None:
         if self._refresher is not None:
