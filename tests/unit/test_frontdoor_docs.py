@@ -689,32 +689,54 @@ def test_a_lone_request_wakes_the_roles_far_more_than_a_loaded_one() -> None:
     assert f"woke the API, the batcher and the worker {lone['wakeups']:.0f} times" in PROSE
 
 
-IDLE_AFTER = ("maintenance", "both")  # the ways with maintenance's change
+def _wakeup_rounds(name: str, ways: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
+    """The scripts' renderer and an alternating wake-ups A/B, its rounds checked whole: the
+    ways in turn, three times, every loaded caller answered."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import frontdoor_docs
+
+    doc = _run(name)
+    assert [run["way"] for run in doc["runs"]] == list(ways) * 3
+    assert all(run["loaded_answered"] >= 0.9 * doc["rate"] * 10 for run in doc["runs"])
+    return frontdoor_docs, doc
+
+
+def _below(doc: dict[str, Any], phase: str, role: str, figure: str, after: str) -> bool:
+    """Whether every round of ``after`` is below every round of the first way."""
+
+    def of(way: str) -> list[float]:
+        return [run[phase][role][figure] for run in doc["runs"] if run["way"] == way]
+
+    return max(of(after)) < min(of(doc["runs"][0]["way"]))
 
 
 def test_idle_maintenance_and_batcher_wake_less_than_before() -> None:
     """The idle section: maintenance's and the batcher's idle wake-ups and CPU with both
     changes were below those of every round before them (maintenance's already with its change
     alone), and the page prints the recorded spreads."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import frontdoor_docs
-
-    doc = _run("frontdoor-idle-ab.json")
-    assert [run["way"] for run in doc["runs"]] == list(frontdoor_docs.IDLE_WAYS) * 3
-
-    def idle(way: str, role: str, figure: str) -> list[float]:
-        return [run["idle"][role][figure] for run in doc["runs"] if run["way"] == way]
-
+    docs, doc = _wakeup_rounds("frontdoor-idle-ab.json", ("before", "maintenance", "both"))
     for figure in ("wakeups_a_s", "cpu_ms_a_s"):
-        assert max(idle("both", "batcher", figure)) < min(idle("before", "batcher", figure))
-        for way in ("maintenance", "both"):
-            assert max(idle(way, "maintenance", figure)) < min(
-                idle("before", "maintenance", figure)
-            )
-    assert all(run["loaded_answered"] >= 0.9 * doc["rate"] * 10 for run in doc["runs"])
-    verdict = frontdoor_docs.idle_verdict(doc)
+        assert _below(doc, "idle", "batcher", figure, "both")
+        assert _below(doc, "idle", "maintenance", figure, "maintenance")
+        assert _below(doc, "idle", "maintenance", figure, "both")
+    verdict = docs.idle_verdict(doc)
     assert (
         f"maintenance went from {verdict['maintenance_wakeups_before']} to "
         f"{verdict['maintenance_wakeups_after']} wake-ups a second" in PROSE
     )
-    assert frontdoor_docs.idle_table(doc) in DOC
+    assert docs.idle_table(doc) in DOC
+
+
+def test_a_lone_request_wakes_the_api_less_since_it_reads_the_load_board_on_admission() -> None:
+    """The load board section: in every round a lone request cost the API fewer wake-ups and
+    less CPU than in any round with the polling task, and the page prints the recorded
+    spreads."""
+    docs, doc = _wakeup_rounds("frontdoor-loadboard-ab.json", ("polling", "on read"))
+    for figure in ("wakeups", "cpu_ms"):
+        assert _below(doc, "lone", "api", figure, "on read")
+    verdict = docs.loadboard_verdict(doc)
+    assert (
+        f"A lone request woke the API {verdict['lone_wakeups_before']} times before and "
+        f"{verdict['lone_wakeups_after']} times after" in PROSE
+    )
+    assert docs.loadboard_table(doc) in DOC
