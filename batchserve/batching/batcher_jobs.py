@@ -47,11 +47,11 @@ LEARN_OVERLAP_S = 60.0
 
 
 def quiet(shape: LoadSnapshot) -> bool:
-    """A load with nothing held, queued, running or arriving (``load_shape``'s view)."""
+    """A load with nothing held, queued or running (``load_shape``'s view)."""
     engine_busy = shape.kind == "engine" and shape.free_seqs < shape.slots
     waiting = shape.pending_interactive + shape.pending_bulk
     waiting += shape.queued_interactive + shape.queued_bulk
-    return not (waiting or shape.slot_free_at or shape.arrival_rate or engine_busy)
+    return not (waiting or shape.slot_free_at or engine_busy)
 
 
 @dataclass(slots=True)
@@ -253,9 +253,9 @@ class BatcherJobs:
             await self._loadboard.publish(snapshot)
             self._published_shape, self._published_at = shape, now
         if self._load_job is not None and quiet(shape):
-            # Nothing held, queued, running or arriving: no check until the keep-alive is due,
-            # or an arrival brings it forward (_load_changes). An idle batcher no longer wakes
-            # ten times a second to find its load unchanged.
+            # Nothing held, queued or running: no check until the keep-alive is due, or an
+            # arrival brings it forward (_load_changes). An idle batcher no longer wakes ten
+            # times a second to find its load unchanged.
             self._load_job.due_at = self._published_at + LOAD_KEEPALIVE_S
 
     def _load_changes(self, now: float) -> None:

@@ -1,8 +1,8 @@
 """The batcher's published view of its load, which the API reads to refuse hopeless deadlines.
 
 The active batcher of each model publishes a :class:`LoadSnapshot` when its load changes
-(checked every ~100 ms; a quiet batcher, with nothing held, queued, running or arriving, checks
-at the keep-alive, or at once when a request arrives) and at least every ``LOAD_KEEPALIVE_S``
+(checked every ~100 ms; a quiet batcher, with nothing held, queued or running, checks at the
+keep-alive, or at once when a request arrives) and at least every ``LOAD_KEEPALIVE_S``
 (Redis key with a short TTL, or in memory for the embedded mode). Admission reads it to
 estimate when a new request would finish; a missing or stale snapshot means "don't know" and
 admits.
@@ -69,12 +69,14 @@ LOAD_KEEPALIVE_S = 0.5
 
 def load_shape(snapshot: LoadSnapshot) -> LoadSnapshot:
     """What a reader would act on differently: the snapshot without its time, idle slots
-    (free "now") by their count alone, and the arrival rate to 0.1/s (it decays by the tick)."""
+    (free "now") by their count alone, and without the arrival rate, which no reader acts on
+    (it is there to be seen) and which decays by the tick for seconds after each arrival: a
+    batcher serving a request a second published its load ten times a second for it."""
     return replace(
         snapshot,
         at=0.0,
         slot_free_at=tuple(t for t in snapshot.slot_free_at if t > snapshot.at),
-        arrival_rate=round(snapshot.arrival_rate, 1),
+        arrival_rate=0.0,
     )
 
 

@@ -493,6 +493,17 @@ async def test_load_is_published_when_it_changes_and_kept_fresh_while_it_does_no
     await tick(0.5)  # no longer quiet: checked every publish_load_s
     assert len(checks) == checked + 5
 
+    # Once its requests have run, the batcher is quiet again, though the arrival rate it
+    # publishes decays for seconds: no reader acts on that rate, so it is no change.
+    await rig.decide()
+    [batch] = rig.sent.messages
+    rig.batcher.on_event(_closed(ECHO.name, batch.batch_id))
+    await tick(0.1)
+    assert rig.batcher.rate.rate(rig.clock()) > 0.5
+    before, checked = len(board.published), len(checks)
+    await tick(3.0)
+    assert len(board.published) - before <= 6 and len(checks) - checked <= 6
+
 
 @pytest.mark.parametrize("spec", [ECHO, ENGINE], ids=["batch", "engine"])
 async def test_a_model_with_no_worker_and_no_batch_costs_no_reconciling_or_learning_query(
