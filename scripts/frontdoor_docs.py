@@ -812,6 +812,10 @@ def main() -> None:
     print(LOADBOARD.format(**loadboard_verdict(reads)))
     print(loadboard_table(reads))
     print(LOADBOARD_AFTER.format(**loadboard_verdict(reads)))
+    rated = load("frontdoor-rate-ab.json")
+    print(RATE.format(**rate_verdict(rated)))
+    print(rate_table(rated))
+    print(RATE_AFTER.format(**rate_verdict(rated)))
     print(EARLIER)
 
 
@@ -920,38 +924,54 @@ def idle_table(doc: dict[str, Any]) -> str:
 LOADBOARD_WAYS = ("polling", "on read")
 
 
-def loadboard_rows(doc: dict[str, Any]) -> list[tuple[str, Read]]:
+RATE_WAYS = ("rate a change", "rate no change")
+
+
+def role_rows(doc: dict[str, Any], role: str) -> list[tuple[str, Read]]:
+    """A role's wake-ups and CPU a request, lone and loaded, and its wake-ups idle."""
     rate = f"{doc['rate']:g}"
     return [
-        ("api, a lone request: wake-ups", idle_figure("api", "wakeups", "lone")),
-        ("api, a lone request: CPU ms", idle_figure("api", "cpu_ms", "lone")),
-        (f"api, a request at {rate}/s: wake-ups", idle_figure("api", "wakeups", "loaded")),
-        (f"api, a request at {rate}/s: CPU ms", idle_figure("api", "cpu_ms", "loaded")),
-        ("api, idle (before any request): wake-ups a second", idle_figure("api", "wakeups_a_s")),
+        (f"{role}, a lone request: wake-ups", idle_figure(role, "wakeups", "lone")),
+        (f"{role}, a lone request: CPU ms", idle_figure(role, "cpu_ms", "lone")),
+        (f"{role}, a request at {rate}/s: wake-ups", idle_figure(role, "wakeups", "loaded")),
+        (f"{role}, a request at {rate}/s: CPU ms", idle_figure(role, "cpu_ms", "loaded")),
+        (f"{role}, idle (before any request): wake-ups a second", idle_figure(role, "wakeups_a_s")),
     ]
 
 
 def loadboard_table(doc: dict[str, Any]) -> str:
-    return ways_table(doc, LOADBOARD_WAYS, loadboard_rows(doc))
+    return ways_table(doc, LOADBOARD_WAYS, role_rows(doc, "api"))
 
 
-def loadboard_verdict(doc: dict[str, Any]) -> dict[str, str]:
-    def api(way: str, figure: str, phase: str) -> str:
-        return idle_spread(doc, way, idle_figure("api", figure, phase))
+def rate_table(doc: dict[str, Any]) -> str:
+    return ways_table(doc, RATE_WAYS, role_rows(doc, "batcher"))
 
-    before, after = LOADBOARD_WAYS
+
+def role_verdict(doc: dict[str, Any], role: str, ways: tuple[str, str]) -> dict[str, str]:
+    def spread(way: str, figure: str, phase: str) -> str:
+        return idle_spread(doc, way, idle_figure(role, figure, phase))
+
+    before, after = ways
     return {
         "command": doc["command"],
         "machine": doc["machine_note"],
         "runs": str(sum(1 for run in doc["runs"] if run["way"] == after)),
         "rate": f"{doc['rate']:g}",
-        "lone_wakeups_before": api(before, "wakeups", "lone"),
-        "lone_wakeups_after": api(after, "wakeups", "lone"),
-        "lone_cpu_before": api(before, "cpu_ms", "lone"),
-        "lone_cpu_after": api(after, "cpu_ms", "lone"),
-        "loaded_wakeups_before": api(before, "wakeups", "loaded"),
-        "loaded_wakeups_after": api(after, "wakeups", "loaded"),
+        "lone_wakeups_before": spread(before, "wakeups", "lone"),
+        "lone_wakeups_after": spread(after, "wakeups", "lone"),
+        "lone_cpu_before": spread(before, "cpu_ms", "lone"),
+        "lone_cpu_after": spread(after, "cpu_ms", "lone"),
+        "loaded_wakeups_before": spread(before, "wakeups", "loaded"),
+        "loaded_wakeups_after": spread(after, "wakeups", "loaded"),
     }
+
+
+def loadboard_verdict(doc: dict[str, Any]) -> dict[str, str]:
+    return role_verdict(doc, "api", LOADBOARD_WAYS)
+
+
+def rate_verdict(doc: dict[str, Any]) -> dict[str, str]:
+    return role_verdict(doc, "batcher", RATE_WAYS)
 
 
 def idle_verdict(doc: dict[str, Any]) -> dict[str, str]:
@@ -1939,6 +1959,26 @@ A lone request woke the API {lone_wakeups_before} times before and {lone_wakeups
 after, for {lone_cpu_before} and {lone_cpu_after} ms of its CPU. At {rate}/s, where reads come
 every few milliseconds and refresh the copy as often as the task did, the API's wake-ups a
 request were {loaded_wakeups_before} and {loaded_wakeups_after}: overlapping.
+"""
+
+RATE = """
+#### The batcher's arrival rate alone is no change
+
+The batcher published its load when its shape changed, the arrival rate counted to 0.1/s. But
+that rate decays by the tick for seconds after each arrival, and no reader acts on it (the API
+reads the backlog, the slots' ends and the batch time; the rate is there to be seen): a
+batcher serving a request now and then published its load to Redis ten times a second for it,
+and was never quiet. Now the rate alone is no change (`load_shape`); the snapshot still
+carries it. Test: the end of `tests/unit/test_batcher_stepped.py::test_load_is_published_when_it_changes_and_kept_fresh_while_it_does_not`
+(in the three seconds after a lone request ran, at most the keep-alive's six publishes).
+{runs} alternating rounds ({machine}; [frontdoor-rate-ab.json](frontdoor-rate-ab.json);
+`{command}`), lowest-highest over the rounds:
+"""
+
+RATE_AFTER = """
+A lone request woke the batcher {lone_wakeups_before} times before and {lone_wakeups_after}
+times after, for {lone_cpu_before} and {lone_cpu_after} ms of its CPU; at {rate}/s its
+wake-ups a request were {loaded_wakeups_before} and {loaded_wakeups_after}.
 """
 
 EARLIER = """

@@ -727,16 +727,27 @@ def test_idle_maintenance_and_batcher_wake_less_than_before() -> None:
     assert docs.idle_table(doc) in DOC
 
 
-def test_a_lone_request_wakes_the_api_less_since_it_reads_the_load_board_on_admission() -> None:
-    """The load board section: in every round a lone request cost the API fewer wake-ups and
-    less CPU than in any round with the polling task, and the page prints the recorded
-    spreads."""
-    docs, doc = _wakeup_rounds("frontdoor-loadboard-ab.json", ("polling", "on read"))
+@pytest.mark.parametrize(
+    ("name", "role", "ways", "section"),
+    [
+        ("frontdoor-loadboard-ab.json", "api", ("polling", "on read"), "loadboard"),
+        ("frontdoor-rate-ab.json", "batcher", ("rate a change", "rate no change"), "rate"),
+    ],
+    ids=["the API reads the load board on admission", "the arrival rate alone no change"],
+)
+def test_a_lone_request_wakes_the_role_less_after_the_change(
+    name: str, role: str, ways: tuple[str, str], section: str
+) -> None:
+    """The load board and arrival rate sections: in every round a lone request cost the role
+    fewer wake-ups and less CPU than in any round before the change, and the page prints the
+    recorded spreads."""
+    docs, doc = _wakeup_rounds(name, ways)
     for figure in ("wakeups", "cpu_ms"):
-        assert _below(doc, "lone", "api", figure, "on read")
-    verdict = docs.loadboard_verdict(doc)
+        assert _below(doc, "lone", role, figure, ways[1])
+    verdict = getattr(docs, f"{section}_verdict")(doc)
     assert (
-        f"A lone request woke the API {verdict['lone_wakeups_before']} times before and "
+        f"A lone request woke the {'API' if role == 'api' else role} "
+        f"{verdict['lone_wakeups_before']} times before and "
         f"{verdict['lone_wakeups_after']} times after" in PROSE
     )
-    assert docs.loadboard_table(doc) in DOC
+    assert getattr(docs, f"{section}_table")(doc) in DOC
