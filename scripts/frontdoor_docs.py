@@ -224,7 +224,17 @@ far runs of nearly the same code spread.
 """
 
 
-def head_summary(head: dict[str, Any], rerun: dict[str, Any]) -> str:
+HEAD_LINKS = """([frontdoor-head.json](frontdoor-head.json), [frontdoor-ingest-head.json](frontdoor-ingest-head.json);
+{code}: [frontdoor-rerun.json](frontdoor-rerun.json) and the second ingest run of
+section 4)"""
+
+TODAY_LINKS = """([frontdoor-today-head.json](frontdoor-today-head.json),
+[frontdoor-ingest-today-head.json](frontdoor-ingest-today-head.json); {code}:
+[frontdoor-today-start.json](frontdoor-today-start.json),
+[frontdoor-ingest-today-start.json](frontdoor-ingest-today-start.json))"""
+
+
+def head_summary(head: dict[str, Any], rerun: dict[str, Any], links: str = HEAD_LINKS) -> str:
     (p50, p99), (was50, was99) = worst_gap(head), worst_gap(rerun)
     cpu = [roles_cpu(head, p) for p in ("longpoll", "sync")]
     cpu_was = [roles_cpu(rerun, p) for p in ("longpoll", "sync")]
@@ -244,10 +254,25 @@ the worst gap to the baseline at 30 and 100/s {moved(was50, p50)} +{was50:.1f} t
 at p50 and {moved(was99, p99)} +{was99:.1f} to +{p99:.1f} ms at p99; the roles' CPU a request at
 100/s {moved(cpu_was[0], cpu[0])} {cpu_was[0]} to {cpu[0]} ms (long-poll) and
 {moved(cpu_was[1], cpu[1])} {cpu_was[1]} to {cpu[1]} ms (synchronous). One run each
-([frontdoor-head.json](frontdoor-head.json), [frontdoor-ingest-head.json](frontdoor-ingest-head.json);
-{rerun["code"]}: [frontdoor-rerun.json](frontdoor-rerun.json) and the second ingest run of
-section 4).
+{links.format(code=rerun["code"])}.
 """
+
+
+def today_verdict(today: dict[str, Any], start: dict[str, Any]) -> dict[str, str]:
+    """Past the knee: what each path of both runs served at the top rate."""
+    top = max(r["offered_rps"] for r in today["results"])
+
+    def served(run: dict[str, Any], path: str) -> str:
+        return f"{at(run, top, path)['served_rps']:.1f}"
+
+    return {
+        "top": f"{top:g}",
+        **{
+            f"{path}_{name}": served(run, path)
+            for name, run in (("head", today), ("start", start))
+            for path in ("baseline", "longpoll", "sync")
+        },
+    }
 
 
 def moved(before: float, now: float) -> str:
@@ -646,6 +671,13 @@ def main() -> None:
     print(HEAD.format(code=head["code"], rerun=rerun["code"]))
     print(goals_table(head, rerun, ingest_head, ingest_rerun, (rerun["code"], "head")))
     print(head_summary(head, rerun))
+    today, start = load("frontdoor-today-head.json"), load("frontdoor-today-start.json")
+    ingest_today = load("frontdoor-ingest-today-head.json")
+    ingest_start = load("frontdoor-ingest-today-start.json")
+    print(TODAY.format(code=today["code"], start=start["code"], machine=today["machine_note"]))
+    print(goals_table(today, start, ingest_today, ingest_start, (start["code"], "head")))
+    print(head_summary(today, start, TODAY_LINKS))
+    print(TODAY_AFTER.format(**today_verdict(today, start)))
     print("**Now** ([frontdoor.json](frontdoor.json)):\n")
     print(results_table(now))
     print("\n**Before** ([frontdoor-before.json](frontdoor-before.json)), the landed main:\n")
@@ -1564,6 +1596,23 @@ HEAD = """
 The same frontdoor command (and the ingest one, at 500, 750, 1,000 and 1,250/s) on the machine
 of sections 4 and 5 (Intel Xeon, 2 cores), the same day: the head with every change below
 ({code}) against {rerun}, before sections 4 and 5:
+"""
+
+TODAY = """
+### The goals at the head, on this page's machine again
+
+The same two commands (frontdoor at 30-340/s, ingest at 500-1,250/s) on the machine of the
+top tables' kind ({machine}): the head ({code}) against {start}, where the session that made
+the last sections' changes (idle timers, lone requests' wake-ups) began:
+"""
+
+TODAY_AFTER = """
+One run each: at 100/s the A/Bs of those changes overlapped, and so the CPU and latency
+differences here are within what alternating runs of the same code move by. Past the knee
+neither collapsed as the 2026-12-04 run in the tables below did: at {top}/s the head's
+long-poll path served {longpoll_head}/s and its synchronous one {sync_head}/s (the baseline
+{baseline_head}/s), the session's start {longpoll_start}/s and {sync_start}/s (the baseline
+{baseline_start}/s), every caller answered with its own answer.
 """
 
 CPU_INTRO = """

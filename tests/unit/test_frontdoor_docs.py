@@ -751,3 +751,30 @@ def test_a_lone_request_wakes_the_role_less_after_the_change(
         f"{verdict['lone_wakeups_after']} times after" in PROSE
     )
     assert getattr(docs, f"{section}_table")(doc) in DOC
+
+
+def test_the_goals_today_answered_everyone_and_neither_run_collapsed_past_the_knee() -> None:
+    """The section "on this page's machine again": both frontdoor runs answered every caller
+    with its own answer, served both paths past 0.90 of the ideal at the top rate (no
+    collapse), and their CPU a request at 100/s differs by less than the third the page says
+    alternating runs of the same code move by."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import frontdoor_docs
+
+    today, start = _run("frontdoor-today-head.json"), _run("frontdoor-today-start.json")
+    for run in (today, start):
+        assert all(
+            r["answered"] == r["sent"] and r["wrong"] == r["errors"] == r["refused"] == 0
+            for r in run["results"]
+        )
+        for path in ("longpoll", "sync"):
+            assert frontdoor_docs.at(run, 340.0, path)["served_rps"] >= 0.9 * 320
+    for path in ("longpoll", "sync"):
+        now, was = (frontdoor_docs.roles_cpu(run, path) for run in (today, start))
+        assert abs(now - was) < was / 3
+    for name in ("frontdoor-ingest-today-head.json", "frontdoor-ingest-today-start.json"):
+        assert all(step["errors"] == 0 for step in _run(name)["steps"])
+    assert f"| {start['code']} | head | verdict, head |" in DOC
+    verdict = frontdoor_docs.today_verdict(today, start)
+    assert f"long-poll path served {verdict['longpoll_head']}/s" in PROSE
+    assert "up to a third at 100/s in alternating runs of the same code" in PROSE
