@@ -65,6 +65,9 @@ STALE_AFTER_S = 2.0
 # The batcher publishes its load when it changes (checked every ~100 ms), and the same load
 # again this often, well inside STALE_AFTER_S.
 LOAD_KEEPALIVE_S = 0.5
+# A read that must refresh its copy first waits for Redis at most this long: one that does not
+# answer (cut off, not refusing) must not hold admissions for its socket timeout.
+READ_WAIT_S = 0.05
 
 
 def load_shape(snapshot: LoadSnapshot) -> LoadSnapshot:
@@ -110,9 +113,9 @@ class MemoryLoadBoard(LoadBoard):
 class RedisLoadBoard(LoadBoard):
     """Snapshots in Redis. Readers keep a local copy of the models they read (one MGET for all
     of them), refreshed when a read finds it older than ``refresh_s``: in the background while
-    the copy is younger than ``LOAD_KEEPALIVE_S`` (admission never waits on Redis), and before
-    answering once it is older. A reader nobody asks reads Redis not at all (it polled ten
-    times a second)."""
+    the copy is younger than ``LOAD_KEEPALIVE_S`` (admission does not wait on Redis), and before
+    answering, for at most ``READ_WAIT_S``, once it is older. A reader nobody asks reads Redis
+    not at all (it polled ten times a second)."""
 
     def __init__(
         self,
@@ -131,7 +134,9 @@ class RedisLoadBoard(LoadBoard):
         self._local: dict[str, LoadSnapshot] = {}
         self._watched: set[str] = set()
         self._fetched_at = float("-inf")
-        self._refresher: asyncio.Task[None] | None = None
+        self._refresher: asyncio.Task[None] | None = None  # the latest, which reads share
+        self._refresher_at = float("-inf")  # when it started
+        self._refreshes: set[asyncio.Task[None]] = set()
 
     def _key(self, model: str) -> str:
         return f"{self._prefix}.load.{model}"
@@ -145,18 +150,31 @@ class RedisLoadBoard(LoadBoard):
         age = self._clock() - self._fetched_at
         if model not in self._watched:
             self._watched.add(model)
-            await self._refresh()  # its own read: one under way may not ask for this model
+            # Its own read: one under way may not ask for this model.
+            await self._within(self._refreshing(new=True))
         elif age > LOAD_KEEPALIVE_S:
-            await asyncio.shield(self._refreshing())
+            await self._within(self._refreshing())
         elif age > self._refresh_s:
             self._refreshing()
         return self._local.get(model)
 
-    def _refreshing(self) -> asyncio.Task[None]:
-        """The refresh under way, or a new one."""
-        if self._refresher is None or self._refresher.done():
+    def _refreshing(self, *, new: bool = False) -> asyncio.Task[None]:
+        """The refresh under way, or (none, or ``new``) a new one."""
+        if new or self._refresher is None or self._refresher.done():
             self._refresher = asyncio.create_task(self._refresh())
+            self._refresher_at = self._clock()
+            self._refreshes.add(self._refresher)
+            self._refresher.add_done_callback(self._refreshes.discard)
         return self._refresher
+
+    async def _within(self, refresh: asyncio.Task[None]) -> None:
+        """Wait for ``refresh`` until READ_WAIT_S after it started: reads arriving while Redis
+        does not answer wait that once between them, not each in turn. It goes on behind a
+        reader that stops waiting (or is cancelled)."""
+        left_s = READ_WAIT_S - (self._clock() - self._refresher_at)
+        if left_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(refresh), left_s)
 
     async def _refresh(self) -> None:
         models = sorted(self._watched)
@@ -174,8 +192,8 @@ class RedisLoadBoard(LoadBoard):
         self._local = local
 
     async def close(self) -> None:
-        if self._refresher is not None:
-            self._refresher.cancel()
+        for refresh in list(self._refreshes):
+            refresh.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._refresher
+                await refresh
         await self._redis.aclose()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from batchserve.core.loadboard import LOAD_KEEPALIVE_S, LoadSnapshot, RedisLoadBoard
+from batchserve.core.loadboard import LOAD_KEEPALIVE_S, READ_WAIT_S, LoadSnapshot, RedisLoadBoard
 from batchserve.core.settings import Settings
 
 MODEL = "echo-100ms"
@@ -118,3 +118,30 @@ async def test_a_model_whose_snapshot_expired_is_dropped_from_the_copy(
         assert await boards.pending() is None
     finally:
         await short.close()
+
+
+async def test_a_redis_that_does_not_answer_holds_admissions_once_and_briefly() -> None:
+    """Cut off (accepting, never answering) rather than refusing: the reads that must refresh
+    first wait READ_WAIT_S once between them, not the client's one-second timeout each."""
+
+    done = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1 << 16)
+        await done.wait()
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    board = RedisLoadBoard(f"redis://127.0.0.1:{port}/0", "cutoff")
+    try:
+        started = time.monotonic()
+        for _ in range(20):
+            assert await board.read(MODEL) is None  # don't know: admit
+        waited = time.monotonic() - started
+        assert waited < READ_WAIT_S + 0.2, waited
+    finally:
+        done.set()
+        await board.close()
+        server.close()
+        await server.wait_closed()

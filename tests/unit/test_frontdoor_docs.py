@@ -778,3 +778,10 @@ def test_the_goals_today_answered_everyone_and_neither_run_collapsed_past_the_kn
     verdict = frontdoor_docs.today_verdict(today, start)
     assert f"long-poll path served {verdict['longpoll_head']}/s" in PROSE
     assert "up to a third at 100/s in alternating runs of the same code" in PROSE
+
+
+def test_the_load_boards_wait_for_redis_is_the_bound_the_page_gives() -> None:
+    from batchserve.core.loadboard import LOAD_KEEPALIVE_S, READ_WAIT_S
+
+    assert f"(`READ_WAIT_S`, {READ_WAIT_S * 1000:.0f} ms from the refresh's start" in PROSE
+    assert f"older than the keep-alive ({LOAD_KEEPALIVE_S:g} s) refreshes it" in PROSE
