@@ -28,6 +28,7 @@ from aio_pika.abc import (
     AbstractQueue,
     AbstractRobustConnection,
 )
+from aio_pika.connection import make_url
 from aiormq.exceptions import AMQPError
 from yarl import URL
 
@@ -234,17 +235,23 @@ class RabbitRequestQueue(RequestQueue):
         if self._connection is None or self._connection.is_closed:
             async with self._lock:
                 if self._connection is None or self._connection.is_closed:
+                    connection = aio_pika.RobustConnection(
+                        make_url(self._url),
+                        # Named by deployment, so an operator (and a test) tells them apart.
+                        client_properties={"connection_name": self.connection_name},
+                    )
                     try:
-                        self._connection = await aio_pika.connect_robust(
-                            self._url,
-                            timeout=5,
-                            # Named by deployment, so an operator (and a test) tells them apart.
-                            client_properties={"connection_name": self.connection_name},
-                        )
+                        await connection.connect(timeout=5)
                     except (TimeoutError, AMQPError, OSError) as error:
+                        # Closed here: aio_pika.connect_robust leaves a failed connection open,
+                        # and its finalizer, run by a collection in another thread, makes a
+                        # close() coroutine it cannot schedule ("never awaited").
+                        with contextlib.suppress(AMQPError, OSError):
+                            await connection.close()
                         raise Unavailable(
                             f"broker unreachable: {error!r}", component="broker"
                         ) from error
+                    self._connection = connection
         return self._connection
 
     async def _channel(self) -> AbstractChannel:

@@ -4,6 +4,7 @@ what reaches the worker's queue is the message Celery's own ``send_task`` would 
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from typing import Any
 
@@ -90,3 +91,28 @@ async def test_an_unreachable_broker_is_unavailable_not_a_crash(settings: Settin
     with pytest.raises(Unavailable):
         await dispatcher.dispatch(batch("0195f0c2-0000-7000-8000-000000000002"), None)
     await broker.close()
+
+
+async def test_a_connection_that_failed_is_closed_not_left_to_the_garbage_collector(
+    settings: Settings,
+) -> None:
+    """aio_pika.connect_robust leaves a connection that failed open, and aio-pika's finalizer
+    of an open connection makes a ``close()`` coroutine; collected later in another thread, it
+    cannot schedule it ("coroutine 'RobustConnection.close' was never awaited", a warning
+    under whichever test the collection fell in)."""
+
+    def left_open() -> int:
+        gc.collect()
+        return sum(
+            1
+            for o in gc.get_objects()
+            if isinstance(o, aio_pika.RobustConnection) and not o.is_closed
+        )
+
+    before = left_open()
+    broker = RabbitRequestQueue("amqp://guest:guest@127.0.0.1:1//", settings.namespace)
+    for _ in range(3):
+        with pytest.raises(Unavailable):
+            await broker.send(settings.name("nowhere"), aio_pika.Message(b"{}"))
+    await broker.close()
+    assert left_open() == before
