@@ -833,22 +833,22 @@ def main() -> None:
     print(join_table(together, "changes"))
     print(TOGETHER_AFTER.format(**together_verdict(together)))
     wakeups = load("frontdoor-wakeups.json")
-    print(WAKEUPS.format(**wakeups_verdict(wakeups)))
-    print(wakeups_table(wakeups))
-    print(WAKEUPS_AFTER.format(**wakeups_verdict(wakeups)))
+    section(WAKEUPS, wakeups_table(wakeups), WAKEUPS_AFTER, wakeups_verdict(wakeups))
     idle = load("frontdoor-idle-ab.json")
-    print(IDLE.format(**idle_verdict(idle)))
-    print(idle_table(idle))
-    print(IDLE_AFTER.format(**idle_verdict(idle)))
+    section(IDLE, idle_table(idle), IDLE_AFTER, idle_verdict(idle))
     reads = load("frontdoor-loadboard-ab.json")
-    print(LOADBOARD.format(**loadboard_verdict(reads)))
-    print(loadboard_table(reads))
-    print(LOADBOARD_AFTER.format(**loadboard_verdict(reads)))
+    section(LOADBOARD, loadboard_table(reads), LOADBOARD_AFTER, loadboard_verdict(reads))
     rated = load("frontdoor-rate-ab.json")
-    print(RATE.format(**rate_verdict(rated)))
-    print(rate_table(rated))
-    print(RATE_AFTER.format(**rate_verdict(rated)))
+    section(RATE, rate_table(rated), RATE_AFTER, rate_verdict(rated))
     print(EARLIER)
+
+
+def section(intro: str, table_text: str, after: str, verdict: dict[str, str]) -> None:
+    """A measured section: its introduction, its table and its findings, the two texts filled
+    from one verdict."""
+    print(intro.format(**verdict))
+    print(table_text)
+    print(after.format(**verdict))
 
 
 WAKEUP_ROLES = ("api", "batcher", "worker")
