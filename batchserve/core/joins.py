@@ -16,11 +16,14 @@ the box sealed before the offer) is still ``queued`` and the batcher, which hold
 delivery until then, batches it again. Each offer is all or nothing: refused once sealed.
 
 On Redis (a list and a seal key for each batch, with a TTL) for a deployment; in memory for
-the embedded mode and tests.
+the embedded mode and tests. A Celery pool process seals from the thread that runs its model
+(``take_blocking``): the slot stands idle until that model starts, and a hop to the process's
+event loop and back cost it more than the Redis round trip (docs/frontdoor.md).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -28,7 +31,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import orjson
+import redis
 import redis.asyncio as aioredis
+from redis.commands.core import Script
 
 from batchserve.core.domain import BatchItem
 
@@ -49,6 +54,9 @@ local offered = redis.call('LRANGE', KEYS[1], 0, -1)
 redis.call('DEL', KEYS[1])
 return offered
 """
+
+
+_TIMEOUTS = {"socket_connect_timeout": 1, "socket_timeout": 2}
 
 
 # A joiner travels as the batch item the worker runs (its ``received_at``: when the batcher
@@ -72,6 +80,10 @@ class JoinBox(ABC):
         """Seal the batch's box and return what was offered to it (the worker, as its model
         starts)."""
 
+    @abstractmethod
+    def take_blocking(self, batch_id: uuid.UUID) -> list[BatchItem]:
+        """:meth:`take` for a thread outside the event loop (a pool process's model thread)."""
+
     async def close(self) -> None:
         return None
 
@@ -87,6 +99,7 @@ class MemoryJoinBox(JoinBox):
         self._clock = clock
         self._offered: OrderedDict[uuid.UUID, tuple[float, list[BatchItem]]] = OrderedDict()
         self._sealed: OrderedDict[uuid.UUID, float] = OrderedDict()  # batch -> seal lapses at
+        self._lock = threading.Lock()  # a seal from another thread against the loop's offers
 
     def __len__(self) -> int:
         """Boxes held (offered to or sealed)."""
@@ -103,29 +116,37 @@ class MemoryJoinBox(JoinBox):
                 del held[first]
 
     async def offer(self, batch_id: uuid.UUID, joiners: Sequence[BatchItem]) -> bool:
-        now = self._clock()
-        self._forget_old(now)
-        if batch_id in self._sealed:
-            return False
-        _, offered = self._offered.pop(batch_id, (0.0, []))
-        self._offered[batch_id] = (now + self._ttl_s, [*offered, *joiners])
-        return True
+        with self._lock:
+            now = self._clock()
+            self._forget_old(now)
+            if batch_id in self._sealed:
+                return False
+            _, offered = self._offered.pop(batch_id, (0.0, []))
+            self._offered[batch_id] = (now + self._ttl_s, [*offered, *joiners])
+            return True
 
     async def take(self, batch_id: uuid.UUID) -> list[BatchItem]:
-        now = self._clock()
-        self._forget_old(now)
-        self._sealed.pop(batch_id, None)
-        self._sealed[batch_id] = now + self._ttl_s
-        return self._offered.pop(batch_id, (0.0, []))[1]
+        return self.take_blocking(batch_id)
+
+    def take_blocking(self, batch_id: uuid.UUID) -> list[BatchItem]:
+        with self._lock:
+            now = self._clock()
+            self._forget_old(now)
+            self._sealed.pop(batch_id, None)
+            self._sealed[batch_id] = now + self._ttl_s
+            return self._offered.pop(batch_id, (0.0, []))[1]
 
 
 class RedisJoinBox(JoinBox):
     def __init__(self, url: str, prefix: str, ttl_s: float = JOIN_TTL_S) -> None:
-        self._redis = aioredis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
+        self._url = url
+        self._redis = aioredis.from_url(url, **_TIMEOUTS)
         self._prefix = prefix
         self._ttl_ms = str(int(ttl_s * 1000))
         self._offer = self._redis.register_script(_OFFER)
         self._take = self._redis.register_script(_TAKE)
+        # A client of its own, and its take, made by the first take_blocking.
+        self._blocking: tuple[redis.Redis, Script] | None = None
 
     def _keys(self, batch_id: uuid.UUID) -> list[str]:
         box = f"{self._prefix}.join.{batch_id}"
@@ -141,5 +162,14 @@ class RedisJoinBox(JoinBox):
         offered = await self._take(keys=self._keys(batch_id), args=[self._ttl_ms])
         return [_decode(raw) for raw in offered]
 
+    def take_blocking(self, batch_id: uuid.UUID) -> list[BatchItem]:
+        if self._blocking is None:
+            client = redis.Redis.from_url(self._url, **_TIMEOUTS)
+            self._blocking = (client, client.register_script(_TAKE))
+        offered = self._blocking[1](keys=self._keys(batch_id), args=[self._ttl_ms])
+        return [_decode(raw) for raw in offered]
+
     async def close(self) -> None:
         await self._redis.aclose()
+        if self._blocking is not None:
+            self._blocking[0].close()

@@ -340,13 +340,23 @@ class OpenBatch:
         self.early = _EarlyResults(runner, message, self.starting, self.model_started, self)
         self.ours = False
         self.isolating = False
-        self.joined: frozenset[str] = frozenset()  # late joiners claimed into it here
+        self.joining: tuple[BatchItem, ...] = ()  # late joiners taken into it here
+        self.joined: frozenset[str] = frozenset()  # ... and claimed
         self._claiming: asyncio.Task[None] | None = None
+        self._loop = asyncio.get_running_loop()
 
     async def started(self) -> None:
         start = await self.starting
         self.ours = isinstance(start, BatchStart)
         self.isolating = isinstance(start, BatchStart) and start.isolating
+
+    def _may_take_joiners(self) -> bool:
+        return (
+            self.runner.joins is not None
+            and self.message.joinable
+            and self.ours
+            and not self.isolating
+        )
 
     async def take_joiners(self) -> None:
         """As the model is about to start: seal the batch's join box and take what the
@@ -354,22 +364,46 @@ class OpenBatch:
         once, while they are claimed into the batch; only the answers of those claimed are
         kept (:meth:`conclude` waits for the claim). What is not claimed stays queued, and the
         batcher batches it again."""
-        joins = self.runner.joins
-        if joins is None or not self.message.joinable or not self.ours or self.isolating:
+        if not self._may_take_joiners():
             return
         start = await self.starting
-        assert isinstance(start, BatchStart)
+        assert isinstance(start, BatchStart) and self.runner.joins is not None
         try:
-            offered = await joins.take(self.batch_id)
+            offered = await self.runner.joins.take(self.batch_id)
         except Exception as error:  # never sealed: whatever comes is left to the batcher
             log.warning("joiners_not_taken", batch_id=self.batch_id, error=error)
             return
-        if not offered:
+        if offered:
+            self._let_in(tuple(offered))
+            self._start_claim(start.attempt)
+
+    def take_joiners_blocking(self) -> None:
+        """:meth:`take_joiners` from the thread that runs the model (a Celery pool process's),
+        once :meth:`started`: the slot stands idle until the model starts, and a hop to this
+        process's event loop and back cost more than the seal itself. The claim runs on the
+        loop, started before anything the loop is handed after this returns (the early
+        results, :meth:`conclude`)."""
+        if not self._may_take_joiners():
             return
-        items = tuple(offered)
+        start = self.starting.result()  # done: ``started`` awaited it
+        assert isinstance(start, BatchStart) and self.runner.joins is not None
+        try:
+            offered = self.runner.joins.take_blocking(self.batch_id)
+        except Exception as error:  # never sealed: whatever comes is left to the batcher
+            log.warning("joiners_not_taken", batch_id=self.batch_id, error=error)
+            return
+        if offered:
+            self._let_in(tuple(offered))
+            self._loop.call_soon_threadsafe(self._start_claim, start.attempt)
+
+    def _let_in(self, items: tuple[BatchItem, ...]) -> None:
+        """The offered joiners run with the batch (their answers kept once claimed)."""
+        self.joining = items
         self.message = replace(self.message, items=self.message.items + items)
         self.early.join(self.message, items)
-        self._claiming = asyncio.create_task(self._claim_joiners(start.attempt, items))
+
+    def _start_claim(self, attempt: int) -> None:
+        self._claiming = asyncio.create_task(self._claim_joiners(attempt, self.joining))
 
     async def _claim_joiners(self, attempt: int, items: tuple[BatchItem, ...]) -> None:
         runner, ids = self.runner, [i.request_id for i in items]

@@ -24,7 +24,7 @@ from batchserve.core.settings import Settings
 from batchserve.core.wiring import Adapters, connect
 from batchserve.models.loader import load_backend
 from batchserve.models.registry import ModelSpec
-from batchserve.workers.runner import BatchRunner, OpenBatch
+from batchserve.workers.runner import BatchRunner
 from batchserve.workers.slot_gate import SlotGate
 
 log = get_logger("batchserve.worker")
@@ -81,21 +81,16 @@ class WorkerRuntime:
                 # still ran its model: wait here for it to finish.
                 with self.gate.turn() as turn:
                     early_s = turn.early_s
-                    self._take_joiners(batch)
+                    batch.take_joiners_blocking()
                     output = batch.run_model()
             elif batch.ours:
-                self._take_joiners(batch)
+                batch.take_joiners_blocking()
                 output = batch.run_model()
             future = asyncio.run_coroutine_threadsafe(
                 batch.conclude(output, early_s=early_s), self.loop
             )
         self._pending.add(future)
         future.add_done_callback(self._finished)
-
-    def _take_joiners(self, batch: OpenBatch) -> None:
-        """The model is about to start: late joiners ride along (``OpenBatch.take_joiners``)."""
-        if batch.message.joinable:
-            asyncio.run_coroutine_threadsafe(batch.take_joiners(), self.loop).result()
 
     def _finished(self, future: concurrent.futures.Future[None]) -> None:
         self._pending.discard(future)

@@ -35,16 +35,23 @@ async def test_offers_are_taken_once_and_refused_after_the_seal(box: JoinBox) ->
     assert await box.take(batch) == [joiner("a", 1.5), joiner("b", 2.25), joiner("c", 3.0)]
     assert not await box.offer(batch, [joiner("d", 4.0)])
     assert await box.take(batch) == []
+    assert box.take_blocking(batch) == []
+    blocking = uuid.uuid4()  # sealed from a thread of its own: the same box
+    assert await box.offer(blocking, [joiner("f", 6.0)])
+    assert await asyncio.to_thread(box.take_blocking, blocking) == [joiner("f", 6.0)]
+    assert not await box.offer(blocking, [joiner("g", 7.0)])
     other = uuid.uuid4()  # boxes are per batch
     assert await box.offer(other, [joiner("e", 5.0)])
     assert await box.take(other) == [joiner("e", 5.0)]
 
 
+@pytest.mark.parametrize("sealed_from", ["loop", "thread"])
 async def test_every_offer_is_either_taken_or_refused_when_they_race_the_seal(
-    box: JoinBox,
+    box: JoinBox, sealed_from: str
 ) -> None:
     """Offers before the seal are taken, offers after it refused, and offers racing it each
-    one or the other: none accepted and lost, none refused and taken."""
+    one or the other: none accepted and lost, none refused and taken. The same sealed from
+    a thread outside the loop (``take_blocking``, as a pool process's model thread does)."""
     batch = uuid.uuid4()
 
     async def offer(n: int) -> tuple[str, bool]:
@@ -52,7 +59,9 @@ async def test_every_offer_is_either_taken_or_refused_when_they_race_the_seal(
         return f"r{n}", await box.offer(batch, [joiner(f"r{n}", float(n))])
 
     before = await asyncio.gather(*(offer(n) for n in range(10)))
-    sealing = asyncio.create_task(box.take(batch))
+    sealing = asyncio.create_task(
+        box.take(batch) if sealed_from == "loop" else asyncio.to_thread(box.take_blocking, batch)
+    )
     racing = await asyncio.gather(*(offer(n) for n in range(10, 40)))
     taken = {j.request_id for j in await sealing}
     after = await asyncio.gather(*(offer(n) for n in range(40, 50)))

@@ -9,10 +9,12 @@ broker delivery is acked once, and only when its request is no longer queued.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from pathlib import Path
 
+import pytest
 from sqlalchemy import select
 
 from batchserve.batching.batcher import BatcherConfig, ModelBatcher
@@ -35,7 +37,7 @@ from batchserve.core.store import JobStore
 from batchserve.core.tables import batches_table as batches_t
 from batchserve.models.base import Backend, OnResult
 from batchserve.models.registry import ModelSpec
-from batchserve.workers.runner import BatchRunner
+from batchserve.workers.runner import BatchRunner, RunOutput
 from tests.support.stepped import Clock, sqlite_store, submit
 
 ECHO = ModelSpec(name="echo", backend="fixed", batch_time_ms=100, max_batch_size=4)
@@ -151,7 +153,25 @@ class Rig:
         return await self.store.states_of(ids)
 
 
-async def test_requests_that_arrive_before_a_sent_batch_starts_ride_in_it(tmp_path: Path) -> None:
+async def run_in_a_thread(runner: BatchRunner, message: BatchMessage) -> None:
+    """As a Celery pool process runs a batch (``WorkerRuntime.run``): the lease on the loop,
+    the seal and the model in another thread, the results back on the loop."""
+    batch = await runner.open(message)
+
+    def model_thread() -> RunOutput | None:
+        if not batch.ours:
+            return None
+        batch.take_joiners_blocking()
+        return batch.run_model()
+
+    output = await asyncio.to_thread(model_thread)
+    await batch.conclude(output)
+
+
+@pytest.mark.parametrize("sealed_from", ["loop", "model thread"])
+async def test_requests_that_arrive_before_a_sent_batch_starts_ride_in_it(
+    tmp_path: Path, sealed_from: str
+) -> None:
     rig = Rig(tmp_path)
     await rig.batcher.start(background=False)
     running, behind = await rig.send_behind()
@@ -163,7 +183,10 @@ async def test_requests_that_arrive_before_a_sent_batch_starts_ride_in_it(tmp_pa
     assert all(rig.acks.get(r, 0) == 0 for r in joiners)  # held until settled
 
     # The slot frees: the worker seals the box and claims what was offered, then runs them.
-    await rig.runner.run(behind)
+    if sealed_from == "loop":
+        await rig.runner.run(behind)
+    else:
+        await run_in_a_thread(rig.runner, behind)
     assert rig.backend.batches == [[behind.items[0].request_id, *joiners]]
     late = await rig.arrive(1)  # the box is sealed: this one waits for the next batch
     await rig.decide()
@@ -257,6 +280,36 @@ async def test_a_joiner_cancelled_before_the_worker_claims_it_keeps_no_answer(
     states = await rig.states(joiners)
     assert states == {joiners[0]: RequestState.CANCELLED, joiners[1]: RequestState.SUCCEEDED}
     assert rig.acks[joiners[0]] == rig.acks[joiners[1]] == 1
+
+
+async def test_a_seal_that_fails_in_the_model_thread_leaves_the_offer_to_the_batcher(
+    tmp_path: Path,
+) -> None:
+    """Redis gone as the model starts: the batch runs its own members, and what was offered
+    stays queued for the batcher to batch again, each request answered once."""
+    rig = Rig(tmp_path)
+    await rig.batcher.start(background=False)
+    running, behind = await rig.send_behind()
+    joiners = await rig.arrive(2)
+    await rig.decide()
+
+    def unreachable(batch_id: uuid.UUID) -> list[BatchItem]:
+        raise ConnectionError("redis is gone")
+
+    rig.joins.take_blocking = unreachable  # type: ignore[method-assign]
+    await run_in_a_thread(rig.runner, behind)
+    assert rig.backend.batches == [[behind.items[0].request_id]]
+    assert set((await rig.states(joiners)).values()) == {RequestState.QUEUED}
+    rig.closed(running)
+    rig.closed(behind)
+    await rig.decide()
+    rig.clock.advance(0.2)
+    await rig.decide()
+    assert {i.request_id for i in rig.sent[-1].items} == set(joiners)
+    await rig.runner.run(rig.sent[-1])
+    states = await rig.states([behind.items[0].request_id, *joiners])
+    assert set(states.values()) == {RequestState.SUCCEEDED}
+    assert rig.backend.batches[-1] == joiners
 
 
 async def test_a_stale_attempt_claims_no_joiner(tmp_path: Path) -> None:
