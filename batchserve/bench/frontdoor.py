@@ -39,6 +39,7 @@ from batchserve.bench.stack import (
     percentile,
     server_cpu_per,
     server_cpu_s,
+    summary_ms,
     tcp_counters,
     tcp_delta,
 )
@@ -108,6 +109,16 @@ _JOINED = (
     "SELECT count(*) FILTER (WHERE r.created_at + r.queued_ms * interval '1 millisecond'"
     " > b.dispatched_at), count(*) FROM requests r JOIN batches b ON b.id = r.batch_id"
     " WHERE r.created_at >= to_timestamp(%s) AND r.created_at < to_timestamp(%s)"
+)
+
+# With one slot: how long it stood idle between a model's end and the next one's start, for
+# each batch that was already waiting for it (its lease taken before the other model ended).
+_SLOT_IDLE = (
+    "WITH b AS (SELECT started_at, finished_at - model_ms * interval '1 millisecond' AS began,"
+    " lag(finished_at) OVER (ORDER BY finished_at) AS before FROM batches"
+    " WHERE outcome = 'succeeded' AND dispatched_at >= to_timestamp(%s)"
+    " AND dispatched_at < to_timestamp(%s))"
+    " SELECT extract(epoch FROM began - before) FROM b WHERE started_at < before"
 )
 
 
@@ -183,10 +194,14 @@ async def _round(
         on_accepted=long_poll if path == "longpoll" else None,
     )
     after, servers_after, tcp_after = cpu(), server_cpu_s(), tcp_counters()
-    joined = None
+    joined, slot_idle = None, None
     if path != "baseline":
         found = await asyncio.to_thread(deployment.query, _JOINED, (started, time.time()))
         joined = {"late": int(found[0][0]), "of": int(found[0][1])}
+        if plan.workers == 1:
+            found = await asyncio.to_thread(deployment.query, _SLOT_IDLE, (started, time.time()))
+            gaps = [float(g[0]) for g in found]
+            slot_idle = {**summary_ms(gaps), "batches": len(gaps)} if gaps else None
     latencies: list[float] = []
     finished: list[float] = []
     wrong = 0
@@ -227,6 +242,8 @@ async def _round(
         "tcp": tcp_delta(tcp_before, tcp_after),
         # Requests that rode in a batch sent before the batcher held them (late joiners).
         "joined": joined,
+        # One slot: idle between back-to-back batches (model end to the next one's start).
+        "slot_idle_ms": slot_idle,
     }
 
 

@@ -337,6 +337,7 @@ class OpenBatch:
         self.starting = asyncio.create_task(runner.claim_lease(self.batch_id, worker))
         self._holding = asyncio.create_task(runner.hold_lease(self.batch_id, worker, self.starting))
         self.model_started = runner.clock()
+        self.model_ended: float | None = None
         self.early = _EarlyResults(runner, message, self.starting, self.model_started, self)
         self.ours = False
         self.isolating = False
@@ -431,13 +432,19 @@ class OpenBatch:
     def run_model(self) -> RunOutput:
         """Blocking: run the model over the batch (results of early finishers go out first)."""
         self.model_started = self.runner.clock()
-        return run_isolating(self.runner.backend, list(self.message.items), self.early.hand_over)
+        try:
+            return run_isolating(
+                self.runner.backend, list(self.message.items), self.early.hand_over
+            )
+        finally:
+            self.model_ended = self.runner.clock()
 
     async def conclude(self, output: RunOutput | None, *, early_s: float | None = None) -> None:
         """Announce the free slot and store the results (``None``: the model did not run);
         ``early_s``: how early the batch came to its slot (``SlotGate.Turn``)."""
         runner, message = self.runner, self.message
-        finished = runner.clock()
+        # The model's end, not this coroutine's start: a pool process hands it to its loop.
+        finished = self.model_ended if self.model_ended is not None else runner.clock()
         try:
             start = await self.starting
             await self.early.close()

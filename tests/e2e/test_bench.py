@@ -216,8 +216,12 @@ def test_frontdoor_answers_every_caller_on_each_path_beside_the_baseline(
             assert servers["postgres"] > 0, row
             # Of the round's requests, those that joined a batch sent before they arrived.
             assert 0 <= row["joined"]["late"] <= row["joined"]["of"] == row["sent"], row
+            # One slot: idle between back-to-back batches, far less than a batch (if any came
+            # back to back in so short a round).
+            idle = row["slot_idle_ms"]
+            assert idle is None or (idle["batches"] >= 1 and 0 <= idle["p50_ms"] < 100), row
         else:
-            assert row["joined"] is None
+            assert row["joined"] is None and row["slot_idle_ms"] is None
         # The kernel's counters over the round (the host's): its callers' connections at least.
         assert set(row["tcp"]) == {"accepted", "listen_overflows", "resets"}, row
         assert row["tcp"]["accepted"] >= 1, row

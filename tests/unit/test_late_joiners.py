@@ -282,6 +282,37 @@ async def test_a_joiner_cancelled_before_the_worker_claims_it_keeps_no_answer(
     assert rig.acks[joiners[0]] == rig.acks[joiners[1]] == 1
 
 
+async def test_the_model_time_stored_ends_with_the_model_not_with_the_hand_over(
+    tmp_path: Path,
+) -> None:
+    """A pool process hands the finished batch to its event loop: the batch's ``model_ms`` and
+    its requests' ``finished_at`` are the model's end, not the moment the loop got to it."""
+    rig = Rig(tmp_path)
+    await rig.batcher.start(background=False)
+    await rig.arrive(1)
+    await rig.decide()
+    message = rig.sent[-1]
+    run = rig.backend.run
+
+    def hundred_ms(items: object, on_result: OnResult | None = None) -> list[ItemResult]:
+        rig.clock.advance(0.1)
+        return run(items, on_result)
+
+    rig.backend.run = hundred_ms  # type: ignore[method-assign]
+    batch = await rig.runner.open(message)
+    output = await asyncio.to_thread(batch.run_model)
+    ended = rig.clock()
+    rig.clock.advance(0.05)  # the loop busy elsewhere before it concludes
+    await batch.conclude(output)
+    query = select(batches_t.c.model_ms, batches_t.c.finished_at).where(
+        batches_t.c.id == uuid.UUID(message.batch_id)
+    )
+    async with rig.store.engine.connect() as conn:
+        model_ms, finished_at = (await conn.execute(query)).one()
+    assert model_ms == pytest.approx(100.0)
+    assert finished_at.timestamp() == pytest.approx(ended, abs=1e-3)
+
+
 async def test_a_seal_that_fails_in_the_model_thread_leaves_the_offer_to_the_batcher(
     tmp_path: Path,
 ) -> None:
