@@ -29,6 +29,10 @@ from batchserve.workers.slot_gate import SlotGate
 
 log = get_logger("batchserve.worker")
 
+# With standby processes, how long a task waits for its batch's results to be written before
+# it returns (the write goes on after that; ``drain`` waits for it at exit).
+WRITE_WAIT_S = 0.05
+
 
 def worker_id(model: str) -> str:
     return f"{model}@{socket.gethostname()}:{os.getpid()}"
@@ -65,7 +69,9 @@ class WorkerRuntime:
 
     def run(self, payload: dict[str, Any]) -> None:
         """Take the lease (on the loop), run the model in this, the Celery task's, thread and
-        return as soon as it is through: the loop writes the results while the next batch runs."""
+        return once it is through: the loop writes the results while the next batch runs
+        (with standby processes, in the other process: then once they are written, or
+        ``WRITE_WAIT_S`` passed)."""
         message = BatchMessage.from_dict(payload)
         # The coroutines handed to the loop copy this thread's context: their logs carry these.
         with bind(batch_id=message.batch_id, model=message.model):
@@ -91,6 +97,11 @@ class WorkerRuntime:
             )
         self._pending.add(future)
         future.add_done_callback(self._finished)
+        if self.gate is not None:
+            # The slot's next batch runs in the other process: hand the task back once the
+            # results are written (or WRITE_WAIT_S passed), so that Celery's handling of its
+            # end does not compete with the write and the next model's start for the cores.
+            concurrent.futures.wait([future], timeout=WRITE_WAIT_S)
 
     def _finished(self, future: concurrent.futures.Future[None]) -> None:
         self._pending.discard(future)
