@@ -108,6 +108,12 @@ class BatchRunner:
             self._subscription = self._events.subscribe(self._on_event, topics=(CANCELS,))
             self.backend.should_stop = self._cancelled.__contains__
 
+    async def close(self) -> None:
+        """Stop hearing cancellations."""
+        if self._subscription is not None:
+            await self._subscription.close()
+            self._subscription = None
+
     def _on_event(self, event: Event) -> None:
         if isinstance(event, StateChange) and event.state is RequestState.CANCELLED:
             now = self.clock()

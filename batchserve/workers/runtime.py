@@ -117,6 +117,21 @@ class WorkerRuntime:
         with contextlib.suppress(Exception):
             flushing.result(timeout=2.0)
 
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Drain, close the connections and stop the loop's thread."""
+        self.drain()
+        closing = asyncio.run_coroutine_threadsafe(self._close(), self.loop)
+        with contextlib.suppress(Exception):
+            closing.result(timeout=timeout_s)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=timeout_s)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+    async def _close(self) -> None:
+        await self.runner.close()
+        await self.adapters.close()
+
 
 async def _connect(settings: Settings) -> Adapters:
     return connect(settings, pool_size=2)
