@@ -840,6 +840,8 @@ def main() -> None:
     section(LOADBOARD, loadboard_table(reads), LOADBOARD_AFTER, loadboard_verdict(reads))
     rated = load("frontdoor-rate-ab.json")
     section(RATE, rate_table(rated), RATE_AFTER, rate_verdict(rated))
+    sealed = load("frontdoor-seal-ab.json")
+    section(SEAL, seal_table(sealed), SEAL_AFTER, seal_verdict(sealed))
     print(EARLIER)
 
 
@@ -849,6 +851,53 @@ def section(intro: str, table_text: str, after: str, verdict: dict[str, str]) ->
     print(intro.format(**verdict))
     print(table_text)
     print(after.format(**verdict))
+
+
+def slot_idle(r: dict[str, Any]) -> str:
+    idle = r.get("slot_idle_ms")
+    return "" if idle is None else f"{idle['p50_ms']:g} ({idle['batches']})"
+
+
+def seal_table(doc: dict[str, Any]) -> str:
+    lines = [
+        [
+            *gap_cells(number, way, r, base),
+            slot_idle(r),
+            f"{sum(r['cpu_ms_per_request'].values()):.2f}",
+        ]
+        for number, way, r, base in join_rows(doc, "seal")
+    ]
+    header = ["run", "the join box sealed from", "offered/s", "path", "p50 / p99 ms"]
+    header += ["over the baseline, p50 / p99 ms", "slot idle p50 ms (batches)", "roles' CPU ms"]
+    return table(header, lines)
+
+
+def seal_verdict(doc: dict[str, Any]) -> dict[str, str]:
+    """The slot's idle time each way (lowest-highest p50 over every path and rate), each
+    run's worst gap to the baseline, and where each change's runs were all below (or above)
+    the ones before it."""
+    rows = join_rows(doc, "seal")
+    verdict = {
+        "machine": doc["machine_note"],
+        "rounds": str(len(doc["runs"]) // len(SEAL_WAYS)),
+        "command": doc["command"].split(" (")[0],
+        **{f"code_{n}": doc["code"][way] for n, way in enumerate(SEAL_WAYS)},
+    }
+    for n, way in enumerate(SEAL_WAYS):
+        idle = [
+            r["slot_idle_ms"]["p50_ms"] for _, w, r, _ in rows if w == way and r.get("slot_idle_ms")
+        ]
+        verdict[f"idle_{n}"] = f"{min(idle):g}-{max(idle):g}"
+        verdict[f"idle_runs_{n}"] = str(
+            len({k for k, w, r, _ in rows if w == way and r.get("slot_idle_ms")})
+        )
+    loop, thread, waited = SEAL_WAYS
+    for n, ways in ((1, (thread, loop)), (2, (waited, loop)), (3, (waited, thread))):
+        pair = join_verdict(doc, "seal", ways)
+        verdict[f"worst_{n}"] = f"{pair['new_p50']} against {pair['old_p50']}"
+        lower = join_lower(doc, "seal", ways, SEAL_FIGURES)
+        verdict[f"lower_{n}"] = ab_verdict(lower)
+    return verdict
 
 
 WAKEUP_ROLES = ("api", "batcher", "worker")
@@ -1305,6 +1354,13 @@ JOIN_FIGURES: dict[str, Any] = {
     "the worker's CPU a request": lambda r, base: r["cpu_ms_per_request"]["worker"],
 }
 
+SEAL_WAYS = ("the loop", "the model thread", "the thread and the wait")
+SEAL_FIGURES: dict[str, Any] = {
+    "p50 over the baseline": JOIN_FIGURES["p50 over the baseline"],
+    "p99 over the baseline": JOIN_FIGURES["p99 over the baseline"],
+    "the roles' CPU a request": lambda r, base: sum(r["cpu_ms_per_request"].values()),
+}
+
 
 def join_rows(
     doc: dict[str, Any], key: str = "joiners"
@@ -1320,14 +1376,17 @@ def join_rows(
 
 
 def join_lower(
-    doc: dict[str, Any], key: str = "joiners", ways: tuple[str, str] = JOIN_WAYS
+    doc: dict[str, Any],
+    key: str = "joiners",
+    ways: tuple[str, str] = JOIN_WAYS,
+    figures: dict[str, Any] = JOIN_FIGURES,
 ) -> dict[str, list[str]]:
     """Per figure, the (path at rate) where every run of one way was below every run of the
     other, said as lower or higher with the first way."""
     rows = join_rows(doc, key)
     rates = sorted({r["offered_rps"] for _, _, r, _ in rows})
     lower: dict[str, list[str]] = {}
-    for figure, value in JOIN_FIGURES.items():
+    for figure, value in figures.items():
         found = []
         for path in ("longpoll", "sync"):
             for rate in rates:
@@ -1441,18 +1500,25 @@ def dispatch_verdict(doc: dict[str, Any], frontdoor: dict[str, Any]) -> dict[str
     }
 
 
+def gap_cells(number: int, way: str, r: dict[str, Any], base: dict[str, Any]) -> list[Any]:
+    """A run's path at a rate: which run and way, its latency and its gap to the baseline."""
+    return [
+        number,
+        way,
+        f"{r['offered_rps']:g}",
+        r["path"],
+        f"{r['p50_ms']} / {r['p99_ms']}",
+        f"{r['p50_ms'] - base['p50_ms']:+.1f} / {r['p99_ms'] - base['p99_ms']:+.1f}",
+    ]
+
+
 def join_table(doc: dict[str, Any], key: str = "joiners") -> str:
     lines = []
     for number, way, r, base in join_rows(doc, key):
         joined = r.get("joined")
         lines.append(
             [
-                number,
-                way,
-                f"{r['offered_rps']:g}",
-                r["path"],
-                f"{r['p50_ms']} / {r['p99_ms']}",
-                f"{r['p50_ms'] - base['p50_ms']:+.1f} / {r['p99_ms'] - base['p99_ms']:+.1f}",
+                *gap_cells(number, way, r, base),
                 "" if joined is None else f"{joined['late']} of {joined['of']}",
                 r["cpu_ms_per_request"]["batcher"],
                 r["cpu_ms_per_request"]["worker"],
@@ -2032,6 +2098,64 @@ RATE_AFTER = """
 A lone request woke the batcher {lone_wakeups_before} times before and {lone_wakeups_after}
 times after, for {lone_cpu_before} and {lone_cpu_after} ms of its CPU; at {rate}/s its
 wake-ups a request were {loaded_wakeups_before} and {loaded_wakeups_after}.
+"""
+
+SEAL = """
+### The next batch starts sooner: its join box sealed from the model's thread
+
+With standby processes a slot's next batch waits at the slot's gate, its lease taken, for the
+running model to end; then it seals its join box (the late joiners) and its model starts. The
+seal went through the pool process's event loop: the model's thread handed it over, the loop
+ran the Redis script and handed the answer back, two wake-ups and a round trip while the slot
+stood idle. Traced on this machine (timestamps written by the worker in one `bench --scenario
+overhead` run at 30 %, not kept in the code): 2.4 ms at p50 from the gate's turn to the model's
+start (the hop in 0.56, the script 0.87, the hop back and the joiners let in 1.06), 3.1-3.8 ms
+from one model's end to the next one's start. Now the model's thread runs the script itself,
+on a Redis connection of its own (`JoinBox.take_blocking`, `OpenBatch.take_joiners_blocking`),
+lets the joiners in and hands only their claim to the loop, where it starts before anything
+handed over after it (the early results, the results' write). And with standby processes a
+task hands its process back to Celery once its batch's results are written (at most
+`WRITE_WAIT_S`, 50 ms; the write goes on past it): Celery's handling of the task's end no
+longer runs beside the write and the next model's start. Tests:
+`tests/unit/test_late_joiners.py` (the joiners sealed from another thread run and are claimed
+as from the loop; a seal that fails there leaves the offer to the batcher, each request
+answered once), `tests/integration/test_join_box.py` (a seal from a thread racing offers:
+none accepted and lost), `tests/integration/test_worker_runtime.py` (a pool process's runtime
+on the live servers: the task returns once its results are written, never past the bound).
+
+To see it, `bench --scenario frontdoor` now reports, with one slot, how long the slot stood idle
+between back-to-back batches (`slot_idle_ms`: a model's end to the next one's start, for
+batches whose lease was taken before it ended), and a batch's stored model time ends with its
+model, not when the loop got to it (~0.5 ms later, so the code sealing through the loop shows
+that much less idle than it had). {rounds} rounds of the three ways in turn ({machine};
+[frontdoor-seal-ab.json](frontdoor-seal-ab.json); `{command}`): sealed from the loop
+({code_0}), from the model thread ({code_1}), and from the thread with the task waiting for
+its write ({code_2}).
+"""
+
+SEAL_AFTER = """
+The slot's idle time between back-to-back batches, p50: {idle_0} ms sealed from the loop (in
+{idle_runs_0} of its {rounds} runs: the bench before had no such figure), {idle_1} ms from the
+model thread, {idle_2} ms from the thread with the wait. Each run's worst gap to the baseline
+at p50 (30 and 100/s, both paths), the model thread against the loop: {worst_1} ms; the thread
+and the wait against the loop: {worst_2} ms; against the model thread alone: {worst_3} ms.
+Where every run of one way was below every run of the other, the model thread against the
+loop:
+
+{lower_1}
+
+The thread and the wait against the loop:
+
+{lower_2}
+
+The thread and the wait against the model thread alone:
+
+{lower_3}
+
+So about a millisecond and a half off the slot's idle time between batches by the bench's
+figure (the trace above: 3.1-3.8 ms before), and with it off every request's wait and off a
+batch's cycle at saturation; the whole gap to the baseline spreads more than that from run to
+run on this host, and goal 1's +10 ms at p50 is still far.
 """
 
 EARLIER = """

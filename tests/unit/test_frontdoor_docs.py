@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -785,3 +786,33 @@ def test_the_load_boards_wait_for_redis_is_the_bound_the_page_gives() -> None:
 
     assert f"(`READ_WAIT_S`, {READ_WAIT_S * 1000:.0f} ms from the refresh's start" in PROSE
     assert f"older than the keep-alive ({LOAD_KEEPALIVE_S:g} s) refreshes it" in PROSE
+
+
+def test_sealing_from_the_model_thread_and_waiting_for_the_write_shortened_the_slots_idle() -> None:
+    """The section's claims from its three rounds of three ways: every caller answered; the
+    slot's idle time between back-to-back batches fell with each change, by about a
+    millisecond and a half at the median from the loop to both; goal 1's p50 met in no run."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import frontdoor_docs
+
+    doc = _run("frontdoor-seal-ab.json")
+    _every_caller_answered(doc)
+    ways = frontdoor_docs.SEAL_WAYS
+    assert [run["seal"] for run in doc["runs"]] == list(ways) * 3
+    idle = {
+        way: [
+            r["slot_idle_ms"]["p50_ms"]
+            for run in doc["runs"]
+            if run["seal"] == way
+            for r in run["results"]
+            if r.get("slot_idle_ms")
+        ]
+        for way in ways
+    }
+    medians = [statistics.median(idle[way]) for way in ways]
+    assert medians[0] > medians[1] > medians[2]
+    assert medians[0] - medians[2] >= 1.2  # "about a millisecond and a half"
+    low, high = min(idle[ways[2]]), max(idle[ways[2]])
+    assert f"{low:g}-{high:g} ms from the thread with the wait" in PROSE
+    gaps = [r["p50_ms"] - base["p50_ms"] for _, _, r, base in frontdoor_docs.join_rows(doc, "seal")]
+    assert min(gaps) > 10.0  # goal 1's p50 still unmet
