@@ -293,6 +293,19 @@ def seeds_md(doc: dict[str, Any]) -> str:
     return table(header, rows)
 
 
+# The seeds' deployment is served when each path keeps up with what is offered (the rest of
+# the offered rate: the span from the first send to the last answer) and answers everyone.
+SEEDS_SERVED = 0.95
+
+
+def seeds_served(row: dict[str, Any]) -> bool:
+    return (
+        row["refused"] == 0
+        and row["answered"] == row["sent"]
+        and row["served_rps"] >= SEEDS_SERVED * row["offered_rps"]
+    )
+
+
 def frontdoor_verdicts(front: dict[str, Any], seeds: dict[str, Any] | None) -> list[list[str]]:
     """The front door's goals: latency over the in-process baseline, served through HTTP, the
     seeds' deployment answered, and the roles' CPU a request (ingest is its own row)."""
@@ -327,19 +340,20 @@ def frontdoor_verdicts(front: dict[str, Any], seeds: dict[str, Any] | None) -> l
     ]
     if seeds is not None:
         paths = [r for r in seeds["results"] if r["path"] != "baseline"]
-        ok = all(r["refused"] == 0 and r["answered"] == r["sent"] for r in paths)
         rate = paths[0]["offered_rps"]
         rows.append(
             [
                 f"the seeds' deployment: {seeds['workers']} slots x {seeds['max_batch_size']}, "
                 f"{rate:,.0f}/s offered",
-                "nothing refused, p99 reported",
+                f"served (≥ {SEEDS_SERVED:.2f} of the offered rate), nothing refused, "
+                "every caller answered, p99 reported",
                 "; ".join(
-                    f"{r['path']}: {r['answered']:,} of {r['sent']:,} answered, "
-                    f"{r['refused']} refused, p99 {r['p99_ms'] / 1000:.1f} s"
+                    f"{r['path']}: {r['served_rps']:,.0f}/s served, {r['answered']:,} of "
+                    f"{r['sent']:,} answered, {r['refused']} refused, "
+                    f"p99 {r['p99_ms'] / 1000:.1f} s"
                     for r in paths
                 ),
-                _met(ok),
+                _met(all(seeds_served(r) for r in paths)),
             ]
         )
     return rows

@@ -60,7 +60,9 @@ def test_the_front_door_goals_are_judged_from_the_recorded_runs() -> None:
     assert (cpu[3] == "met") == (max(roles) <= 1.0)
     seeds_row = next(v for k, v in verdicts.items() if k.startswith("the seeds' deployment"))
     served_all = all(
-        r["refused"] == 0 and r["answered"] == r["sent"]
+        r["refused"] == 0
+        and r["answered"] == r["sent"]
+        and r["served_rps"] >= 0.95 * r["offered_rps"]
         for r in seeds["results"]
         if r["path"] != "baseline"
     )
@@ -92,13 +94,20 @@ def test_the_findings_headlines_are_the_pages_figures() -> None:
     assert f"### Overhead: {p50} ms p50, {p99} ms p99 over the simulator" in notes
 
 
-def test_the_seeds_unanswered_callers_are_the_generators_errors() -> None:
-    """The findings say every unanswered caller of the seeds' run was a connection reset, none
-    refused with a status, and the API's accept queue overflowed thousands of times on both
-    batchserve paths and never on the baseline's: the recorded rows agree."""
+def test_the_seeds_run_is_what_the_findings_say() -> None:
+    """The findings say every caller of the seeds' run was answered and none refused, neither
+    batchserve path kept up (471 and 687 served a second against the baseline's 986), and the
+    API's accept queue overflowed over ten thousand times on the long-poll path and never on
+    the baseline's: the recorded rows agree."""
     saved, _ = _saved()
-    for row in saved["seeds"]["results"]:
-        assert row["refused"] == 0
+    rows = {row["path"]: row for row in saved["seeds"]["results"]}
+    for row in rows.values():
+        assert row["refused"] == 0 and row["answered"] == row["sent"]
         assert row["sent"] - row["answered"] == row["errors"] <= row["tcp"]["resets"]
-        overflows = row["tcp"]["listen_overflows"]
-        assert overflows == 0 if row["path"] == "baseline" else overflows >= 1000
+    served = {path: round(row["served_rps"]) for path, row in rows.items()}
+    assert served == {"baseline": 986, "longpoll": 471, "sync": 687}
+    notes = " ".join((ROOT / "scripts" / "benchmarks_notes.md").read_text().split())
+    assert "the long-poll path served 471/s and the synchronous one 687/s" in notes
+    assert "against the in-process baseline's 986/s" in notes
+    assert rows["longpoll"]["tcp"]["listen_overflows"] > 10_000
+    assert rows["baseline"]["tcp"]["listen_overflows"] == 0
