@@ -4,7 +4,9 @@ queue, token log: ``batchserve/core/wiring.py``) and the loaded model.
 Built once in each worker process (after the fork, so no connection is shared across
 processes) and reused by every batch that process runs. The event loop runs in a thread of its
 own: a Celery task returns as soon as its model is through, so the pool hands the process its
-next batch at once, while the loop goes on writing the results of the last one.
+next batch at once, while the loop goes on writing the results of the last one. With standby
+processes (two a slot) the next batch runs in the other process: a task then returns once its
+results are written, or ``WRITE_WAIT_S`` passed.
 """
 
 from __future__ import annotations
