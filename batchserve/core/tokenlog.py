@@ -1,6 +1,6 @@
 """The token log: a bounded, expiring log per request of what its stream shows.
 
-Workers append a request's token deltas (one pipelined write per engine step), and the job
+Workers append a request's token deltas (one write per engine step), and the job
 store appends its state changes; any API replica reads the log from an offset, so a client that
 reconnects elsewhere with ``Last-Event-ID`` continues where it left off. On the servers it is a
 Redis Stream per request (``XADD`` with an approximate ``MAXLEN`` cap, ``EXPIRE`` renewed as it is
@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
@@ -234,11 +235,40 @@ class MemoryTokenLog(TokenLog):
             self._forget(request_id)
 
 
+# At most this many entries a script call (Redis runs a script alone: a bulk job's thousands of
+# ends at once are written a few hundred at a time).
+WRITE_CHUNK = 256
+
+# KEYS: each entry's log. ARGV[1]: one JSON document, [cap, entries, expiries]: per entry
+# [1 if it may make its log else 0, [name, value, ...]], per expiry [the place of its key in
+# KEYS, seconds]. One argument, not eight an entry: redis-py packs each argument in Python.
+# Returns how many entries Redis refused (a key holding something else); the rest are written.
+_APPEND = """
+local write = cjson.decode(ARGV[1])
+local cap, refused = write[1], 0
+for i, entry in ipairs(write[2]) do
+  local command = {'XADD', KEYS[i]}
+  if entry[1] == 0 then command[#command + 1] = 'NOMKSTREAM' end
+  command[#command + 1] = 'MAXLEN'
+  command[#command + 1] = '~'
+  command[#command + 1] = cap
+  command[#command + 1] = '*'
+  for _, part in ipairs(entry[2]) do command[#command + 1] = part end
+  local written = redis.pcall(unpack(command))
+  if type(written) == 'table' and written.err then refused = refused + 1 end
+end
+for _, expiry in ipairs(write[3]) do
+  redis.pcall('EXPIRE', KEYS[expiry[1]], expiry[2])
+end
+return refused
+"""
+
+
 class RedisTokenLog(TokenLog):
     """A Redis Stream per request, ``<prefix>.tokens.<request id>``.
 
     ``append`` hands entries to a writer task of the calling event loop, which writes what has
-    gathered in one pipeline (an engine step's deltas for every sequence, in one round trip).
+    gathered in one script call (an engine step's deltas for every sequence, in one round trip).
     """
 
     def __init__(
@@ -253,6 +283,7 @@ class RedisTokenLog(TokenLog):
         self._prefix = prefix
         # Writes must never hold anyone up: short timeouts, and a failure is dropped.
         self._writer = aioredis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+        self._append = self._writer.register_script(_APPEND)
         # Readers block on XREAD for up to ``max_block_s``: their socket waits longer.
         self._reader = aioredis.from_url(
             url, socket_connect_timeout=2, socket_timeout=max_block_s + 5
@@ -295,39 +326,15 @@ class RedisTokenLog(TokenLog):
             self._idle.set()
 
     async def _write(self, batch: list[tuple[str, LogEntry, bool]]) -> None:
-        pipe = self._writer.pipeline(transaction=False)
-        keys: set[str] = set()  # those written that may have been made here: given an expiry
-        ended: set[str] = set()
-        for request_id, entry, create in batch:
-            key = self.key(request_id)
-            if create:
-                keys.add(key)
-            pipe.xadd(
-                key,
-                entry.fields(),  # type: ignore[arg-type]
-                maxlen=self.config.max_entries,
-                approximate=True,
-                nomkstream=not create,
-            )
-            if ends(entry):
-                ended.add(key)
-        # The expiry is renewed once a tenth of the TTL per key, not with every step's delta
-        # (half the commands of a step otherwise): a log lives at least 90 % of the TTL past
-        # its last write. A request that ended keeps its log only a linger more.
-        ttl_s = max(1, int(self.config.ttl_s))
-        now = time.monotonic()
-        if len(self._renewed_at) > 100_000:
-            self._renewed_at.clear()
-        for key in keys - ended:
-            if now - self._renewed_at.get(key, -ttl_s) >= ttl_s / 10:
-                pipe.expire(key, ttl_s)
-                self._renewed_at[key] = now
-        linger_s = max(1, math.ceil(self.config.kept_after_end_s))
-        for key in ended:
-            pipe.expire(key, linger_s)
-            self._renewed_at.pop(key, None)
+        """Write what gathered: one script call for up to ``WRITE_CHUNK`` entries and their
+        logs' expiries. A pipeline of two commands an entry cost the writer ~50 us an entry in
+        redis-py's packing and parsing; the script, ~12 (``scripts/bench_tokenlog_write.py``,
+        docs/frontdoor.md)."""
         try:
-            await pipe.execute()
+            for first in range(0, len(batch), WRITE_CHUNK):
+                failed = await self._write_chunk(batch[first : first + WRITE_CHUNK])
+                if failed:  # a key of another type: those entries only are lost
+                    log.warning("token_log_entries_refused", entries=failed)
         except (RedisError, OSError) as error:
             self._down_until = time.monotonic() + self.config.retry_after_s
             self._renewed_at.clear()  # the expiries may not have been set
@@ -342,6 +349,41 @@ class RedisTokenLog(TokenLog):
             raise
         except Exception:  # a bug here must not end the writer
             log.exception("token_log_write_failed", entries=len(batch))
+
+    async def _write_chunk(self, chunk: list[tuple[str, LogEntry, bool]]) -> int:
+        """The chunk's entries, in order, then the expiries of the logs they wrote; how many
+        entries Redis refused."""
+        keys: list[str] = []
+        entries: list[tuple[int, list[str]]] = []
+        made: dict[str, int] = {}  # key -> its place in KEYS, for those that may be new
+        ended: dict[str, int] = {}
+        for request_id, entry, create in chunk:
+            key = self.key(request_id)
+            keys.append(key)
+            fields = [part for pair in entry.fields().items() for part in pair]
+            entries.append((int(create), fields))
+            if create:
+                made[key] = len(keys)
+            if ends(entry):
+                ended[key] = len(keys)
+        # The expiry is renewed once a tenth of the TTL per key, not with every step's delta
+        # (half the commands of a step otherwise): a log lives at least 90 % of the TTL past
+        # its last write. A request that ended keeps its log only a linger more.
+        ttl_s = max(1, int(self.config.ttl_s))
+        now = time.monotonic()
+        if len(self._renewed_at) > 100_000:
+            self._renewed_at.clear()
+        expiries: list[tuple[int, int]] = []
+        for key, place in made.items():
+            if key not in ended and now - self._renewed_at.get(key, -ttl_s) >= ttl_s / 10:
+                expiries.append((place, ttl_s))
+                self._renewed_at[key] = now
+        linger_s = max(1, math.ceil(self.config.kept_after_end_s))
+        for key, place in ended.items():
+            expiries.append((place, linger_s))
+            self._renewed_at.pop(key, None)
+        write = orjson.dumps((self.config.max_entries, entries, expiries))
+        return int(await self._append(keys=keys, args=[write]))
 
     async def read(
         self, request_id: str, after: str = START, *, count: int = 512, block_s: float = 0.0

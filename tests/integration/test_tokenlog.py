@@ -236,3 +236,46 @@ async def test_redis_down_costs_the_writer_nothing_and_the_reader_knows(
         assert await log.read("r1") is None
     finally:
         await log.close()
+
+
+async def test_thousands_of_ends_at_once_are_all_written_in_order(backend: Backend) -> None:
+    """A bulk job's cancellation ends thousands at once: every log gets its end after what it
+    had, and lingers only a little (on Redis: several script calls, a chunk each)."""
+    log = backend.log
+    ids = [f"r{n}" for n in range(700)]
+    log.append([(r, LogEntry.of_state("running", "b1")) for r in ids])
+    await log.on_change(StateChange(tuple(ids), RequestState.CANCELLED, batch_id="b1"))
+    await log.flush()
+    for request_id in (ids[0], ids[300], ids[-1]):
+        states = [e.state for _, e in await read_all(log, request_id)]
+        assert states == ["running", "cancelled"]
+    if isinstance(log, RedisTokenLog):
+        client = redis.Redis.from_url(servers.REDIS_URL)
+        try:
+            ttls = {client.ttl(log.key(r)) for r in ids}
+        finally:
+            client.close()
+        assert all(isinstance(t, int) and 0 < t <= CONFIG.linger_s for t in ttls)
+
+
+@pytest.mark.usefixtures("live_servers")
+async def test_a_key_redis_refuses_costs_only_its_own_entries(run_id: str) -> None:
+    """A log's key holding something else (an operator's mistake): its entries are refused,
+    the others in the same write are written, and the writer goes on writing."""
+    namespace = f"{run_id}refused"
+    log = RedisTokenLog(servers.REDIS_URL, namespace, CONFIG)
+    client = redis.Redis.from_url(servers.REDIS_URL)
+    try:
+        client.set(log.key("taken"), "not a stream")
+        log.append([(r, LogEntry.of_state("running", "b1")) for r in ("a", "taken", "b")])
+        await log.flush()
+        assert [e.state for _, e in await read_all(log, "a")] == ["running"]
+        assert [e.state for _, e in await read_all(log, "b")] == ["running"]
+        assert client.get(log.key("taken")) == b"not a stream"
+        log.append([("a", LogEntry.delta("b1", "next"))])  # not dropped as if Redis were down
+        await log.flush()
+        assert [e.kind for _, e in await read_all(log, "a")] == ["state", "delta"]
+    finally:
+        client.close()
+        await log.close()
+        servers.delete_redis_keys(namespace)
