@@ -157,6 +157,7 @@ async def main() -> None:
     ]
     report(
         {
+            "command": "python scripts/bench_tokenlog_write.py --json",
             "machine": machine(),
             "batches": args.batches,
             "entries": args.entries,
