@@ -14,6 +14,11 @@ A check that passes reserves its place at once (no await between the comparison 
 reservation), until the admission is through or has failed: requests checked together, a
 burst arriving in one instant, are counted against the bounds while they wait for their
 group commit, so the burst cannot pass them all.
+
+Without a fresh snapshot from the batcher (it restarts, it is starved of CPU, a read of Redis
+timed out under the very burst) the backlog bound still holds for what this process admitted
+lately, against the model's capacity as last seen: a burst is not let through whole because
+the load board fell silent.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ class Quotas:
         self._admitting: Counter[str] = Counter()
         self._admitting_to: Counter[str] = Counter()
         self._refresher: asyncio.Task[None] | None = None
+        self._last_seen: dict[str, LoadSnapshot] = {}  # per model, its latest fresh snapshot
 
     def start(self) -> None:
         self._refresher = asyncio.create_task(self._refresh_forever())
@@ -84,6 +90,8 @@ class Quotas:
         if command.lane is not Lane.INTERACTIVE:
             return Reservation()
         snapshot = await self._board.fresh(command.model, now)
+        if snapshot is not None:
+            self._last_seen[command.model] = snapshot
         # From here to the reservation, no await: checks running together see each other.
         self._check_queued(tenant)
         self._check_backlog(command.model, snapshot)
@@ -150,16 +158,20 @@ class Quotas:
 
     def _check_backlog(self, model: str, snapshot: LoadSnapshot | None) -> None:
         """The model's interactive backlog is bounded by ``max_queue_s`` of its capacity."""
-        if snapshot is None:
-            return  # no word from the batcher: the queued quota still bounds each tenant
         recent = self._recent.get(model, collections.deque())
         horizon = time.monotonic() - UNSEEN_S
         while recent and recent[0] < horizon:
             recent.popleft()
-        # Admitted lately and maybe not in the snapshot yet: counted (perhaps twice, which
-        # errs on the side of the bound).
-        backlog = snapshot.pending_interactive + max(snapshot.queued_interactive, len(recent))
-        backlog += self._admitting_to[model]  # checked, committing: in no count yet
+        if snapshot is not None:
+            # Admitted lately and maybe not in the snapshot yet: counted (perhaps twice, which
+            # errs on the side of the bound).
+            seen = snapshot.pending_interactive + max(snapshot.queued_interactive, len(recent))
+        else:
+            snapshot = self._last_seen.get(model)
+            if snapshot is None:
+                return  # never a word from the batcher: the queued quota bounds each tenant
+            seen = len(recent)  # no word now: what this process admitted lately, at least
+        backlog = seen + self._admitting_to[model]  # checked, committing: in no count yet
         capacity = snapshot.slots * snapshot.max_batch_size / max(snapshot.batch_s, 1e-3)
         limit = max(self._settings.min_backlog, math.floor(capacity * self._settings.max_queue_s))
         if backlog < limit:

@@ -29,24 +29,27 @@ class _NoStore:
         raise AssertionError(f"the store was used: {name}")
 
 
-async def _quotas(**settings: Any) -> Quotas:
-    board = MemoryLoadBoard()
-    await board.publish(
-        LoadSnapshot(
-            model=MODEL,
-            at=time.time(),
-            slots=1,
-            slot_free_at=(time.time(),),
-            pending_interactive=0,
-            pending_bulk=0,
-            queued_interactive=0,
-            queued_bulk=0,
-            batch_s=0.1,
-            max_batch_size=32,  # 320/s: with max_queue_s 1, a backlog of 320
-            max_batch_delay_s=0.01,
-            arrival_rate=0.0,
-        )
+def _snapshot(at: float) -> LoadSnapshot:
+    return LoadSnapshot(
+        model=MODEL,
+        at=at,
+        slots=1,
+        slot_free_at=(at,),
+        pending_interactive=0,
+        pending_bulk=0,
+        queued_interactive=0,
+        queued_bulk=0,
+        batch_s=0.1,
+        max_batch_size=32,  # 320/s: with max_queue_s 1, a backlog of 320
+        max_batch_delay_s=0.01,
+        arrival_rate=0.0,
     )
+
+
+async def _quotas(board: MemoryLoadBoard | None = None, **settings: Any) -> Quotas:
+    if board is None:
+        board = MemoryLoadBoard()
+        await board.publish(_snapshot(time.time()))
     options = {"max_queue_s": 1.0, "min_backlog": 50, "tenant_max_queued": 1_000_000}
     return Quotas(
         Settings(**{**options, **settings}),
@@ -84,6 +87,27 @@ async def test_a_burst_checked_at_once_is_held_to_the_backlog_bound() -> None:
         quotas.release(reservation)
     again = await _burst(quotas, tenant, 100)
     assert sum(isinstance(o, Reservation) for o in again) == 20
+
+
+async def test_a_silent_load_board_still_holds_a_burst_to_the_capacity_last_seen() -> None:
+    """The batcher's snapshot went stale (it restarts, or a read of Redis timed out under the
+    burst itself): what this process admitted lately is held to the bound of the capacity it
+    last saw. A model never heard of is admitted as before (each tenant's quota bounds it)."""
+    board = MemoryLoadBoard()
+    await board.publish(_snapshot(time.time()))
+    quotas = await _quotas(board)
+    tenant = TenantRow("t1")
+    quotas.admitted(
+        await quotas.check(tenant, command("seen", model=MODEL, now=time.time()), time.time())
+    )
+    await board.publish(_snapshot(time.time() - 60.0))  # no word for a minute
+    outcomes = await _burst(quotas, tenant, 2000)
+    passed = [o for o in outcomes if isinstance(o, Reservation)]
+    assert len(passed) == 319  # 320 of capacity, one admitted lately
+    refused = [o for o in outcomes if isinstance(o, Overloaded)]
+    assert refused and refused[0].details["limit_name"] == "max_backlog"
+    never_heard = await _quotas(MemoryLoadBoard())
+    assert all(isinstance(o, Reservation) for o in await _burst(never_heard, tenant, 2000))
 
 
 async def test_a_burst_is_held_to_the_tenants_unfinished_requests() -> None:
