@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from batchserve.api.quotas import Quotas, Reservation
+from batchserve.api.quotas import UNSEEN_S, Quotas, Reservation
 from batchserve.core.domain import Lane
 from batchserve.core.errors import Overloaded, QuotaExceeded
 from batchserve.core.loadboard import LoadSnapshot, MemoryLoadBoard
@@ -108,6 +109,9 @@ async def test_a_silent_load_board_still_holds_a_burst_to_the_capacity_last_seen
     assert refused and refused[0].details["limit_name"] == "max_backlog"
     never_heard = await _quotas(MemoryLoadBoard())
     assert all(isinstance(o, Reservation) for o in await _burst(never_heard, tenant, 2000))
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    assert UNSEEN_S == 1.5
+    assert f"admitted in the last {UNSEEN_S:g} s against the capacity it last saw" in readme
 
 
 async def test_a_burst_is_held_to_the_tenants_unfinished_requests() -> None:
