@@ -37,40 +37,60 @@ def _run(*args: str | Path, timeout: float = 900) -> str:
 @contextlib.contextmanager
 def _serving(command: list[str], home: Path, **extra: str) -> Iterator[tuple[str, str, Path]]:
     """``serve`` embedded in ``home``, as a newcomer would run it; yields its URL, the first
-    API key it printed and its log."""
+    API key it printed and its log. A port another test took between its choice and the bind
+    is chosen again: only this process's own answer counts as up."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHSERVE_")}
     env.update(BATCHSERVE_HOME=str(home), **extra)
-    port = free_port()
     log_path = home / "serve.log"
     home.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            [*command, "serve", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            cwd=home,  # not the source tree: only what was installed is importable
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        give_up = time.monotonic() + 120
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            assert process.poll() is None, log_path.read_text()
-            assert time.monotonic() < give_up, "the server did not come up"
-            time.sleep(0.2)
-        found = re.search(r"export BATCHSERVE_API_KEY=(\S+)", log_path.read_text())
-        assert found, log_path.read_text()
-        yield url, found.group(1), log_path
-    finally:
-        process.send_signal(signal.SIGTERM)
+    for _ in range(3):
+        port = free_port()
+        with log_path.open("ab") as log:
+            process = subprocess.Popen(
+                [*command, "serve", "--host", "127.0.0.1", "--port", str(port)],
+                env=env,
+                cwd=home,  # not the source tree: only what was installed is importable
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        url = f"http://127.0.0.1:{port}"
         try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            if _came_up(process, url, log_path):
+                found = re.search(r"export BATCHSERVE_API_KEY=(\S+)", log_path.read_text())
+                assert found, log_path.read_text()
+                try:
+                    yield url, found.group(1), log_path
+                except httpx.HTTPError as error:  # say what became of the server
+                    lines = log_path.read_text(errors="replace").splitlines()
+                    tail = "\n".join(x for x in lines if not x.startswith("import time:"))
+                    state = "runs" if process.poll() is None else f"exited {process.returncode}"
+                    said = f"{error!r}; the server {state}:\n{tail[-3000:]}"
+                    raise AssertionError(said) from error
+                return
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    raise AssertionError("every port chosen was taken first:\n" + log_path.read_text())
+
+
+def _came_up(process: subprocess.Popen[bytes], url: str, log_path: Path) -> bool:
+    """Whether ``process`` answers on ``url``; False when another took its port first."""
+    give_up = time.monotonic() + 120
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            up = httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+            if up and process.poll() is None:
+                return True
+        if process.poll() is not None:
+            if "address already in use" in log_path.read_text(errors="replace"):
+                return False
+            raise AssertionError(log_path.read_text())
+        assert time.monotonic() < give_up, "the server did not come up"
+        time.sleep(0.2)
 
 
 def _echo_round_trip(url: str, key: str) -> None:
