@@ -347,8 +347,7 @@ class OpenBatch:
         self.early = _EarlyResults(runner, message, self.starting, self.model_started, self)
         self.ours = False
         self.isolating = False
-        self.joining: tuple[BatchItem, ...] = ()  # late joiners taken into it here
-        self.joined: frozenset[str] = frozenset()  # ... and claimed
+        self.joined: frozenset[str] = frozenset()  # late joiners claimed into it here
         self._claiming: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()
 
@@ -381,8 +380,9 @@ class OpenBatch:
             log.warning("joiners_not_taken", batch_id=self.batch_id, error=error)
             return
         if offered:
-            self._let_in(tuple(offered))
-            self._start_claim(start.attempt)
+            items = tuple(offered)
+            self._let_in(items)
+            self._start_claim(start.attempt, items)
 
     def take_joiners_blocking(self) -> None:
         """:meth:`take_joiners` from the thread that runs the model (a Celery pool process's),
@@ -400,17 +400,17 @@ class OpenBatch:
             log.warning("joiners_not_taken", batch_id=self.batch_id, error=error)
             return
         if offered:
-            self._let_in(tuple(offered))
-            self._loop.call_soon_threadsafe(self._start_claim, start.attempt)
+            items = tuple(offered)
+            self._let_in(items)
+            self._loop.call_soon_threadsafe(self._start_claim, start.attempt, items)
 
     def _let_in(self, items: tuple[BatchItem, ...]) -> None:
         """The offered joiners run with the batch (their answers kept once claimed)."""
-        self.joining = items
         self.message = replace(self.message, items=self.message.items + items)
         self.early.join(self.message, items)
 
-    def _start_claim(self, attempt: int) -> None:
-        self._claiming = asyncio.create_task(self._claim_joiners(attempt, self.joining))
+    def _start_claim(self, attempt: int, items: tuple[BatchItem, ...]) -> None:
+        self._claiming = asyncio.create_task(self._claim_joiners(attempt, items))
 
     async def _claim_joiners(self, attempt: int, items: tuple[BatchItem, ...]) -> None:
         runner, ids = self.runner, [i.request_id for i in items]
