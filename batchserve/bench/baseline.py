@@ -18,6 +18,8 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel
 
+from batchserve.core import loops
+
 
 class Submit(BaseModel):
     input: str
@@ -98,14 +100,17 @@ def main() -> None:
     parser.add_argument("--batch-ms", type=float, default=100.0)
     parser.add_argument("--slots", type=int, default=1)
     args = parser.parse_args()
-    # Served as batchserve's API is (roles.py): asyncio loop, httptools, no access log.
+    # Served as batchserve's API is (roles.py): uvloop, its collector tuned, httptools, no
+    # access log.
+    app = create_app(args.batch, args.batch_ms / 1000.0, args.slots)
+    loops.tune_gc()
     uvicorn.run(
-        create_app(args.batch, args.batch_ms / 1000.0, args.slots),
+        app,
         host="127.0.0.1",
         port=args.port,
         log_level="warning",
         access_log=False,
-        loop="asyncio",
+        loop="uvloop",
         http="httptools",
     )
 

@@ -12,7 +12,7 @@ import json
 import math
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from batchserve.bench.streaming import StreamingPlan
 
 console = Console(width=140)
+T = TypeVar("T")
 
 SCENARIOS = (
     "saturation",
@@ -187,13 +188,18 @@ def bench(
         api_processes=api_processes,
     )
     names = list(ALL) if scenario == "all" else [scenario]
-    documents = _run_loop(run_scenarios(names, options))
+    documents = run_loop(run_scenarios(names, options))
     _report(documents, plot, as_json)
 
 
-def _run_loop(main: Coroutine[Any, Any, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
     """The load generator shares the cores with the service it measures: uvloop makes each
-    request it sends and polls cost less of them."""
+    request it sends and polls cost less of them. Its collector is tuned as the roles' is
+    (``tune_gc``: start-up's objects out of every pass), and ``open_loop`` turns it off while
+    it sends (docs/frontdoor.md, "The load generator timed its own pauses")."""
+    from batchserve.core.loops import tune_gc
+
+    tune_gc()
     try:
         import uvloop
     except ImportError:
@@ -248,7 +254,7 @@ def _model(
         raise typer.BadParameter(f"unknown model {name}")
     # With --json the document is stdout's: progress goes to stderr.
     say = Console(stderr=True).print if as_json else console.print
-    result = _run_loop_any(
+    result = run_loop(
         model_scenario(
             spec,
             prompts=prompts,
@@ -287,9 +293,7 @@ def _embeddings(name: str, count: int, one_at_a_time: int, as_json: bool) -> Non
     if spec is None or spec.backend != "sentence-embedding":
         raise typer.BadParameter(f"no embedding model {name}", param_hint="--embedding-model")
     say = Console(stderr=True).print if as_json else console.print
-    result = _run_loop_any(
-        embeddings_scenario(spec, count=count, one_at_a_time=one_at_a_time, say=say)
-    )
+    result = run_loop(embeddings_scenario(spec, count=count, one_at_a_time=one_at_a_time, say=say))
     doc = result.as_dict()
     if as_json:
         typer.echo(json.dumps(_finite(doc), indent=2))
@@ -318,14 +322,6 @@ def _print_figures(title: str, doc: dict[str, Any], unit: str) -> None:
             console.print(f"{key}: {value:.2f}x")
 
 
-def _run_loop_any(main: Coroutine[Any, Any, Any]) -> Any:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
-
-
 def _streaming(plan: StreamingPlan, keep: bool, as_json: bool) -> dict[str, Any]:
     from batchserve.bench.streaming_run import client_tokenizer, streaming_scenario
     from batchserve.core.settings import load_settings
@@ -334,7 +330,7 @@ def _streaming(plan: StreamingPlan, keep: bool, as_json: bool) -> dict[str, Any]
     registry = load_registry(load_settings().models)
     say = Console(stderr=True).print if as_json else console.print
     tokenizer = client_tokenizer(registry, plan) if plan.client else None
-    document: dict[str, Any] = _run_loop_any(
+    document: dict[str, Any] = run_loop(
         streaming_scenario(plan, registry, tokenizer, keep=keep, say=say)
     )
     return document

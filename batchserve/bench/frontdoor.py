@@ -240,6 +240,8 @@ async def _round(
         "server_cpu_ms_per_request": server_cpu_per(servers_before, servers_after, len(latencies)),
         # Whether callers queued in the kernel before the service accepted them.
         "tcp": tcp_delta(tcp_before, tcp_after),
+        # The load generator's own collections: every answer meanwhile was timed late.
+        "loadgen_gc": load.collector.as_dict(),
         # Requests that rode in a batch sent before the batcher held them (late joiners).
         "joined": joined,
         # One slot: idle between back-to-back batches (model end to the next one's start).

@@ -117,6 +117,7 @@ async def _ingest_step(
             "ms": round((gc_after["seconds"] - gc_before["seconds"]) * 1000, 2),
         },
         "tcp": tcp,
+        "loadgen_gc": load.collector.as_dict(),
         "ok": bool(p99 <= plan.max_p99_ms and refused == 0 and load.errors == 0),
     }
 

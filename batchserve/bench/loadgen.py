@@ -7,6 +7,7 @@ Uses aiohttp: on two cores httpx's client tops out near 100 requests/s, aiohttp'
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -27,9 +28,48 @@ class Submitted:
 
 
 @dataclass
+class CollectorPauses:
+    """The load generator's own garbage collections while it sends: each one stops its loop,
+    and every answer that arrives meanwhile is timed that much late, so a step reports them
+    beside the latencies it measured."""
+
+    collections: int = 0
+    full: int = 0
+    longest_ms: float = 0.0
+    total_ms: float = 0.0
+    _started: float = 0.0
+
+    def _timed(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        pause_ms = (time.perf_counter() - self._started) * 1000.0
+        self.collections += 1
+        self.full += info["generation"] == 2
+        self.longest_ms = max(self.longest_ms, pause_ms)
+        self.total_ms += pause_ms
+
+    def __enter__(self) -> CollectorPauses:
+        gc.callbacks.append(self._timed)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._timed)
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "collections": self.collections,
+            "full": self.full,
+            "longest_ms": round(self.longest_ms, 2),
+            "ms": round(self.total_ms, 2),
+        }
+
+
+@dataclass
 class LoadResult:
     submitted: list[Submitted] = field(default_factory=list)
     errors: int = 0
+    collector: CollectorPauses = field(default_factory=CollectorPauses)
 
     @property
     def accepted(self) -> list[Submitted]:
@@ -56,14 +96,45 @@ async def open_loop(
     headers: dict[str, str] | None = None,
     connections: int = 0,
     on_accepted: Callable[[aiohttp.ClientSession, Submitted], Awaitable[None]] | None = None,
+    collect: bool = False,
 ) -> LoadResult:
     """Send one POST at each offset of ``schedule`` (seconds from now); ``on_accepted`` runs
     after each 202 (a chaos run cancels some requests with it; a latency run long-polls).
 
     ``connections``: aiohttp's pool, unbounded (0) unless given. A bounded pool would make the
     loop closed past capacity: a caller still long-polling holds its connection, so the next
-    send waits for one and the service is offered less than the schedule says."""
+    send waits for one and the service is offered less than the schedule says.
+
+    This process's garbage collector is off while it sends (unless ``collect``), as timing
+    tools turn it off: a collection stops the generator, and every answer that arrives
+    meanwhile is timed that much late. The bench's process holds every answer of its run, so
+    its passes grow long (docs/frontdoor.md, "The load generator timed its own pauses").
+    What they would have collected waits for the end of the send: a step's garbage.
+    ``result.collector`` says what collections ran while it sent all the same."""
     result = LoadResult()
+    paused = not collect and gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        with result.collector:
+            return await _send(
+                result, url, schedule, make_body, path, headers, connections, on_accepted
+            )
+    finally:
+        if paused:
+            gc.enable()
+
+
+async def _send(
+    result: LoadResult,
+    url: str,
+    schedule: list[float],
+    make_body: Callable[[int], dict[str, Any]],
+    path: str,
+    headers: dict[str, str] | None,
+    connections: int,
+    on_accepted: Callable[[aiohttp.ClientSession, Submitted], Awaitable[None]] | None,
+) -> LoadResult:
     connector = aiohttp.TCPConnector(limit=connections)
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(

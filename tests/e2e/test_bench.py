@@ -100,6 +100,8 @@ def test_ingest_steps_through_rates(run_id: str, tmp_path: Path) -> None:
         # The API's garbage collections over the step, from its batchserve_gc_pause_seconds.
         gc = step["api_gc"]
         assert gc["collections"] >= gc["full"] >= 0 and gc["ms"] >= 0
+        # The load generator's own: its collector is off while it sends.
+        assert step["loadgen_gc"]["collections"] == 0
     assert doc["max_rate_ok"] in (0, 40, 80)
 
 
@@ -225,6 +227,7 @@ def test_frontdoor_answers_every_caller_on_each_path_beside_the_baseline(
         # The kernel's counters over the round (the host's): its callers' connections at least.
         assert set(row["tcp"]) == {"accepted", "listen_overflows", "resets"}, row
         assert row["tcp"]["accepted"] >= 1, row
+        assert row["loadgen_gc"]["collections"] == 0, row  # off while the generator sends
     assert set(doc["results"][0]["cpu_ms_per_request"]) == {"baseline"}
     assert {"api", "batcher", "worker"} <= set(doc["results"][1]["cpu_ms_per_request"])
     latency = doc["goals"]["latency"]

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
+import subprocess
+import sys
 import time
+from collections.abc import AsyncIterator
+from typing import Any
 
+import pytest
 from aiohttp import web
 
+from batchserve.bench import baseline
 from batchserve.bench.baseline import InProcessBatcher
 from batchserve.bench.frontdoor import judge
-from batchserve.bench.loadgen import open_loop
+from batchserve.bench.loadgen import CollectorPauses, open_loop
 from batchserve.bench.stack import tcp_counters, tcp_delta
+from batchserve.core.loops import GC_YOUNG_THRESHOLD
 from batchserve.testing.deployment import free_port
 
 
@@ -86,21 +94,9 @@ async def test_the_load_generator_is_open_loop_past_any_connection_count() -> No
         in_flight -= 1
         return web.json_response({"id": "x"}, status=202)
 
-    app = web.Application()
-    app.router.add_post("/v1/requests", slow)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
+    async with _answering(slow) as url:
         schedule = [n / 1000.0 for n in range(total)]
-        result = await open_loop(
-            f"http://127.0.0.1:{port}",
-            schedule,
-            lambda n: {"n": n},
-        )
-    finally:
-        await runner.cleanup()
+        result = await open_loop(url, schedule, lambda n: {"n": n})
     assert len(result.accepted) == total and result.errors == 0
     assert peak == total
 
@@ -133,3 +129,92 @@ def test_the_rounds_count_callers_the_kernel_queued_past_a_full_accept_queue() -
         listener.close()
     assert set(delta) == {"accepted", "listen_overflows", "resets"}
     assert delta["listen_overflows"] >= 1 and delta["accepted"] >= 1
+
+
+_COLLECTOR_PROBE = """
+import asyncio, gc, sys
+from batchserve.bench.command import run_loop
+
+async def main():
+    return gc.get_threshold()[0], gc.get_freeze_count(), type(asyncio.get_running_loop()).__module__
+
+print(*run_loop(main()))
+"""
+
+
+def test_the_load_generator_runs_with_its_collector_tuned_as_the_roles_are() -> None:
+    """At Python's default thresholds the generator's full collections paused it for tens of
+    milliseconds, timing every waiting caller late; the bench's loop freezes start-up's
+    objects and collects at the roles' threshold (in a process of its own: it changes the
+    interpreter's collector)."""
+    found = subprocess.run(
+        [sys.executable, "-c", _COLLECTOR_PROBE], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert int(found[0]) == GC_YOUNG_THRESHOLD
+    assert int(found[1]) > 1000  # what start-up made is out of every pass
+    assert found[2].startswith("uvloop")
+
+
+def test_the_baseline_is_served_as_the_api_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The floor it is compared with runs on the API's loop and collector settings, so the
+    front door's gap is batchserve's path, not a slower loop on one side."""
+    served: dict[str, Any] = {}
+    tuned: list[bool] = []
+    monkeypatch.setattr(baseline.uvicorn, "run", lambda app, **kw: served.update(kw, app=app))
+    monkeypatch.setattr(baseline.loops, "tune_gc", lambda: tuned.append(True))
+    monkeypatch.setattr(sys, "argv", ["baseline", "--port", "1"])
+    baseline.main()
+    assert tuned == [True]
+    assert served["loop"] == "uvloop" and served["http"] == "httptools"
+    assert served["access_log"] is False
+
+
+def test_the_load_generator_times_its_own_collections() -> None:
+    """What the generator's collector paused it for while it sent, by pass: a full one counts
+    as full, and nothing is timed once the step is over."""
+    pauses = CollectorPauses()
+    with pauses:
+        gc.collect()
+        gc.collect(0)
+    gc.collect()
+    found = pauses.as_dict()
+    assert found["collections"] == 2 and found["full"] == 1
+    assert 0 < found["longest_ms"] <= found["ms"]
+
+
+@pytest.mark.parametrize("collect", [False, True])
+async def test_the_load_generator_sends_with_its_collector_off_unless_told(collect: bool) -> None:
+    """A collection stops the generator and times every answer meanwhile late, so by default
+    it is off while the generator sends (a collection forced meanwhile is still reported) and
+    on again after; ``collect=True`` leaves it running, as the floor benchmark's "running"
+    way measures it."""
+    seen: list[bool] = []
+
+    async def answer(request: web.Request) -> web.Response:
+        seen.append(gc.isenabled())
+        if len(seen) == 1:
+            gc.collect()
+        return web.json_response({"id": "x"}, status=202)
+
+    assert gc.isenabled()
+    async with _answering(answer) as url:
+        result = await open_loop(url, [0.0, 0.01, 0.02], lambda n: {"n": n}, collect=collect)
+    assert len(result.accepted) == 3
+    assert seen == [collect] * 3
+    assert gc.isenabled()
+    assert result.collector.full >= 1
+
+
+@contextlib.asynccontextmanager
+async def _answering(handler: Any) -> AsyncIterator[str]:
+    """An aiohttp server answering ``POST /v1/requests`` with ``handler``: its URL."""
+    app = web.Application()
+    app.router.add_post("/v1/requests", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()

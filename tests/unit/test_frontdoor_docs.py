@@ -852,3 +852,47 @@ def test_the_token_log_in_one_script_call_cut_the_writer_and_the_workers_cpu_at_
     assert "the worker's at ingest 750/s" in verdict["below"]
     said = f"every run as a pipeline: {verdict['below']}."
     assert " ".join(said.split()) in PROSE
+
+
+def test_the_floor_section_says_what_its_runs_show() -> None:
+    """The load generator's collector: running, it collected in every step; off (as the bench
+    sends now), in none, and batchserve's own rounds ran with it off. The floors kept goal 3's
+    p99 at 1,000/s in every round while batchserve's submit missed it in every round; two
+    requests of the do-nothing FastAPI route cost more than goal 4's 1.0 ms at 100/s; the
+    collecting run's pauses at 1,000/s are the ones quoted. The page prints the verdict its
+    script computes."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import frontdoor_docs
+
+    doc, collecting = _run("frontdoor-floor.json"), _run("frontdoor-floor-collecting.json")
+    rounds = {run["round"] for run in doc["runs"]}
+    assert len(rounds) >= 3
+    for run in doc["runs"]:
+        for step in run["steps"]:
+            assert step["answered"] == step["sent"] and step["errors"] == 0
+            if run["loadgen_gc"] == "off":
+                assert step["loadgen_gc"]["collections"] == 0
+            else:
+                assert step["loadgen_gc"]["collections"] > 0
+    assert {run["loadgen_gc"] for run in doc["runs"] if run["kind"] == "batchserve"} == {"off"}
+    top = max(step["rate"] for run in doc["runs"] for step in run["steps"])
+    for kind in ("asgi", "fastapi", "batchserve"):
+        p99s = [s["p99_ms"] for s in frontdoor_docs.floor_steps(doc, kind, "off", top)]
+        assert len(p99s) == len(rounds)
+        if kind == "batchserve":
+            assert min(p99s) > 50.0
+        else:
+            assert max(p99s) <= 50.0
+    low = min(step["rate"] for run in doc["runs"] for step in run["steps"])
+    fastapi = [s["server_cpu_ms"] for s in frontdoor_docs.floor_steps(doc, "fastapi", "off", low)]
+    assert 2 * min(fastapi) > 1.0 > max(fastapi)
+    paused = [
+        s["loadgen_gc"]["longest_ms"]
+        for s in frontdoor_docs.floor_steps(collecting, "batchserve", "tuned", 1000.0)
+    ]
+    assert max(paused) > 50.0
+    verdict = frontdoor_docs.floor_verdict(doc, collecting)
+    said = f"paused it for up to {verdict['bench_500']} ms at 500/s and {verdict['bench_1000']} ms"
+    assert said in PROSE
+    two = verdict["two_routes"]
+    assert f"two requests of a FastAPI route that does nothing durable cost {two} ms" in PROSE
