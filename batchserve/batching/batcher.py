@@ -15,7 +15,7 @@ import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 from batchserve.batching.batcher_jobs import BatcherJobs, Job
 from batchserve.batching.estimate import (
@@ -81,7 +81,6 @@ class _Entry:
     received_at: float
     deliveries: list[Delivery] = field(default_factory=list)
     created_at: float = 0.0
-    work: dict[str, Any] | None = None  # carried in its message: offered without a read
 
 
 @dataclass(slots=True)
@@ -266,7 +265,7 @@ class ModelBatcher(BatcherJobs):
                 tenant=message.tenant,
             )
             entry = self.pending[message.id] = _Entry(
-                pending, received_at, created_at=message.created_at, work=message.work
+                pending, received_at, created_at=message.created_at
             )
             if fresh:
                 self.rate.observe(received_at)
@@ -613,19 +612,11 @@ class ModelBatcher(BatcherJobs):
     async def _offer(
         self, batch_id: uuid.UUID, joinable: _Joinable, entries: dict[str, _Entry]
     ) -> None:
-        """Put what the worker will run of them in the batch's box: carried in their
-        messages, or read (those still queued) where it was not."""
+        """Read what the worker will run of them and put it in the batch's box."""
         assert self._joins is not None
         try:
-            found = [
-                ClaimedRequest(id=r, created_at=e.created_at, **e.work)
-                for r, e in entries.items()
-                if e.work is not None
-            ]
-            unread = [r for r, e in entries.items() if e.work is None]
             try:
-                if unread:
-                    found += await self._store.queued_inputs(unread)
+                found = await self._store.queued_inputs(list(entries))
             except Exception as error:  # nothing offered: back to pending
                 log.warning("join_offer_failed", batch_id=batch_id, error=error)
                 joinable.open = False

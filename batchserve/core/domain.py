@@ -91,10 +91,6 @@ class SubmitCommand:
     job_line: int | None = None
 
 
-# The fields of a request a worker runs (``ClaimedRequest``'s but its id and creation).
-WORK_KEYS = frozenset({"input", "messages", "params"})
-
-
 @dataclass(frozen=True, slots=True)
 class QueueMessage:
     """What travels on ``requests.<model>``: enough for the batcher to decide without a query."""
@@ -108,13 +104,9 @@ class QueueMessage:
     prompt_tokens: int
     max_tokens: int
     group: str | None = None
-    # What a worker runs of the request (``input``, ``messages``, ``params``), where it is
-    # small enough to travel along: the batcher offers it to a batch sent ahead without
-    # reading it back from Postgres first (``records.command_message``).
-    work: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
+        return {
             "id": self.id,
             "model": self.model,
             "lane": self.lane.value,
@@ -125,13 +117,9 @@ class QueueMessage:
             "max_tokens": self.max_tokens,
             "group": self.group,
         }
-        if self.work is not None:
-            data["work"] = self.work
-        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QueueMessage:
-        work = data.get("work")
         return cls(
             id=data["id"],
             model=data["model"],
@@ -142,7 +130,6 @@ class QueueMessage:
             prompt_tokens=int(data["prompt_tokens"]),
             max_tokens=int(data["max_tokens"]),
             group=data.get("group"),
-            work=work if isinstance(work, dict) and work.keys() == WORK_KEYS else None,
         )
 
     def encode(self) -> bytes:

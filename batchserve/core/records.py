@@ -45,20 +45,7 @@ def _stored(value: Any) -> Any:
     return value.value if isinstance(value, Enum) else value
 
 
-# The most an interactive request's work may weigh, encoded, to travel in its message.
-CARRIED_WORK_BYTES = 2048
-
-
 def command_message(cmd: SubmitCommand) -> QueueMessage:
-    """The message of an admitted request: an interactive one carries its work when small
-    (a prompt of a few hundred tokens), so the batcher can offer it to a batch sent ahead
-    without a read of Postgres between its arrival and that batch's start; a bulk one, or a
-    large one, is read back as before (a bulk lane's packs stay small)."""
-    work = None
-    if cmd.lane is Lane.INTERACTIVE:
-        work = {"input": cmd.input, "messages": cmd.messages, "params": cmd.params}
-        if len(orjson.dumps(work)) > CARRIED_WORK_BYTES:
-            work = None
     return QueueMessage(
         id=str(cmd.id),
         model=cmd.model,
@@ -68,7 +55,6 @@ def command_message(cmd: SubmitCommand) -> QueueMessage:
         deadline=to_epoch(cmd.deadline),
         prompt_tokens=cmd.prompt_tokens,
         max_tokens=cmd.max_tokens,
-        work=work,
     )
 
 
@@ -147,8 +133,8 @@ _COMMAND_FIELDS = [
 COMMAND_COLUMNS = [column for _, column in _COMMAND_FIELDS] + list(_ADMITTED)
 # What a RequestRecord is read from.
 RECORD_COLUMNS = _columns(RequestRecord, {}, skip="timings") + _columns(Timings, {})
-# What a QueueMessage is read from, its id first (a message read back carries no work).
-MESSAGE_COLUMNS = _columns(QueueMessage, _MESSAGE_RENAMED, skip="work")
+# What a QueueMessage is read from, its id first.
+MESSAGE_COLUMNS = _columns(QueueMessage, _MESSAGE_RENAMED)
 JSON_COLUMNS = frozenset(c.name for c in requests_t.c if isinstance(c.type, JSON))
 
 

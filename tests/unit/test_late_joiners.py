@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,8 @@ from batchserve.core.domain import (
     BatchMessage,
     BatchOutcome,
     ItemResult,
+    Lane,
+    QueueMessage,
     RequestState,
 )
 from batchserve.core.events import MemoryEventBus
@@ -33,12 +34,11 @@ from batchserve.core.joins import MemoryJoinBox
 from batchserve.core.loadboard import MemoryLoadBoard
 from batchserve.core.slots import MemorySlotDirectory
 from batchserve.core.store import JobStore
-from batchserve.core.store.base import Admission
 from batchserve.core.tables import batches_table as batches_t
 from batchserve.models.base import Backend, OnResult
 from batchserve.models.registry import ModelSpec
 from batchserve.workers.runner import BatchRunner, RunOutput
-from tests.support.stepped import Clock, command, sqlite_store
+from tests.support.stepped import Clock, sqlite_store, submit
 
 ECHO = ModelSpec(name="echo", backend="fixed", batch_time_ms=100, max_batch_size=4)
 
@@ -103,32 +103,23 @@ class Rig:
     async def dispatch(self, message: BatchMessage, time_limit_s: float | None) -> None:
         self.sent.append(message)
 
-    async def arrive(self, count: int, *, carried: bool = False) -> list[str]:
-        """``count`` requests admitted and heard by the batcher; ``carried``: their messages
-        carry their work, as the API publishes a small interactive request's."""
-        commands = [command(f"r{n}", model=ECHO.name, now=self.clock()) for n in range(count)]
-        ids = []
-        for outcome in await self.store.submit(commands):
-            assert isinstance(outcome, Admission) and outcome.message is not None
-            message = outcome.message
-            assert message.work is not None  # small and interactive: the API carries it
-            if not carried:
-                message = replace(message, work=None)
-            ids.append(message.id)
-            await self.batcher.on_message(message, _Delivery(message.id, self.acks))
+    async def arrive(self, count: int) -> list[str]:
+        ids = await submit(
+            self.store, [f"r{n}" for n in range(count)], model=ECHO.name, now=self.clock()
+        )
+        for request_id in ids:
+            message = QueueMessage(
+                id=request_id,
+                model=ECHO.name,
+                lane=Lane.INTERACTIVE,
+                tenant="t1",
+                created_at=self.clock(),
+                deadline=self.clock() + 600.0,
+                prompt_tokens=3,
+                max_tokens=4,
+            )
+            await self.batcher.on_message(message, _Delivery(request_id, self.acks))
         return ids
-
-    def count_reads(self) -> list[list[str]]:
-        """The batcher's reads of joiners' inputs from the store, from now on."""
-        reads: list[list[str]] = []
-        queued_inputs = self.store.queued_inputs
-
-        async def counted(request_ids: list[str]) -> object:
-            reads.append(list(request_ids))
-            return await queued_inputs(request_ids)
-
-        self.store.queued_inputs = counted  # type: ignore[method-assign,assignment]
-        return reads
 
     async def decide(self) -> None:
         """Step until the batcher has nothing more to do now, its offers made."""
@@ -177,23 +168,18 @@ async def run_in_a_thread(runner: BatchRunner, message: BatchMessage) -> None:
     await batch.conclude(output)
 
 
-@pytest.mark.parametrize("carried", [False, True], ids=["read", "carried"])
 @pytest.mark.parametrize("sealed_from", ["loop", "model thread"])
 async def test_requests_that_arrive_before_a_sent_batch_starts_ride_in_it(
-    tmp_path: Path, sealed_from: str, carried: bool
+    tmp_path: Path, sealed_from: str
 ) -> None:
-    """Offered with the work their messages carry, or read from the store where they carry
-    none (a bulk or a large request, one republished): the same batch either way."""
     rig = Rig(tmp_path)
     await rig.batcher.start(background=False)
     running, behind = await rig.send_behind()
     assert not running.joinable and behind.joinable  # only a batch sent behind, with room
 
-    reads = rig.count_reads()
-    joiners = await rig.arrive(2, carried=carried)
+    joiners = await rig.arrive(2)
     await rig.decide()
     assert len(rig.sent) == 2 and not rig.batcher.pending  # offered, not a batch of their own
-    assert reads == ([] if carried else [joiners])
     assert all(rig.acks.get(r, 0) == 0 for r in joiners)  # held until settled
 
     # The slot frees: the worker seals the box and claims what was offered, then runs them.
@@ -273,16 +259,15 @@ async def test_an_offer_the_worker_never_took_comes_back_to_the_batcher(tmp_path
     assert set(joiners) <= set(dispatched)
 
 
-@pytest.mark.parametrize("carried", [False, True], ids=["read", "carried"])
 async def test_a_joiner_cancelled_before_the_worker_claims_it_keeps_no_answer(
-    tmp_path: Path, carried: bool
+    tmp_path: Path,
 ) -> None:
     """The model starts on what was offered while the worker claims it: the claim of a
     request cancelled meanwhile fails, and its answer is dropped, not written."""
     rig = Rig(tmp_path)
     await rig.batcher.start(background=False)
     running, behind = await rig.send_behind()
-    joiners = await rig.arrive(2, carried=carried)
+    joiners = await rig.arrive(2)
     await rig.decide()
     await rig.store.cancel(uuid.UUID(joiners[0]), tenant="t1", now=rig.clock())
     await rig.runner.run(behind)
