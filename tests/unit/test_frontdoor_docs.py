@@ -7,6 +7,7 @@ import re
 import statistics
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from batchserve.batching.batcher import BatcherConfig
 from batchserve.core.broker import INTERACTIVE_PACK
+from batchserve.core.domain import QueueMessage
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "frontdoor.md").read_text()
@@ -896,3 +898,20 @@ def test_the_floor_section_says_what_its_runs_show() -> None:
     assert said in PROSE
     two = verdict["two_routes"]
     assert f"two requests of a FastAPI route that does nothing durable cost {two} ms" in PROSE
+
+
+def test_the_carried_work_moved_no_figure_and_is_gone() -> None:
+    """Three alternating rounds, every caller answered: no figure where every run of one way
+    was below every run of the other, as the page says; and the change is reverted (a queue
+    message carries no work)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import frontdoor_docs
+
+    doc = _run("frontdoor-carry-ab.json")
+    ways = [run["work"] for run in doc["runs"]]
+    assert ways == [frontdoor_docs.CARRY_WAYS[1], frontdoor_docs.CARRY_WAYS[0]] * 3
+    _every_caller_answered(doc)
+    lower = frontdoor_docs.join_lower(doc, "work", frontdoor_docs.CARRY_WAYS)
+    assert lower and not any(lower.values())
+    assert "Nothing moved beyond the spread of the runs, so it was reverted" in PROSE
+    assert "work" not in {f.name for f in fields(QueueMessage)}
