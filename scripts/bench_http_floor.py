@@ -50,6 +50,7 @@ from batchserve.api.schemas import SubmitRequest
 from batchserve.bench.loadgen import open_loop, poisson_schedule
 from batchserve.bench.stack import percentile
 from batchserve.core.loops import tune_gc
+from batchserve.testing.deployment import free_port
 
 FLOORS = ("asgi", "fastapi")
 COLLECTORS = ("running", "off")  # the load generator's, while it sends
@@ -58,11 +59,6 @@ ANSWER = {"id": "0190f000-0000-7000-8000-000000000000", "object": "request", "st
 
 
 async def _asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    if scope["type"] == "lifespan":
-        while (await receive())["type"] != "lifespan.shutdown":
-            await send({"type": "lifespan.startup.complete"})
-        await send({"type": "lifespan.shutdown.complete"})
-        return
     body = b""
     while True:
         message = await receive()
@@ -103,13 +99,8 @@ def serve(kind: str, port: int) -> None:
         http="httptools",
         access_log=False,
         log_level="warning",
+        lifespan="off",
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _body(seed: int) -> Any:
@@ -154,7 +145,7 @@ def _collector(way: str) -> None:
 def run_floor(
     kind: str, collector: str, rates: list[float], seconds: float, seed: int
 ) -> list[dict[str, Any]]:
-    port = _free_port()
+    port = free_port()
     child = subprocess.Popen(
         [sys.executable, __file__, "--serve", kind, "--port", str(port)],
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
