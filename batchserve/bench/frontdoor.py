@@ -43,7 +43,7 @@ from batchserve.bench.stack import (
     tcp_counters,
     tcp_delta,
 )
-from batchserve.testing.deployment import free_port
+from batchserve.testing.deployment import free_port, terminate
 
 PATHS = ("baseline", "longpoll", "sync")
 GOAL_RATES = (30.0, 100.0)
@@ -95,13 +95,8 @@ class Baseline:
         return {"baseline": _cpu_s(self.process.pid) if self.process else 0.0}
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        if self.process is not None:
+            terminate(self.process, 10)
 
 
 # Of the requests a round created, those in a batch dispatched before the batcher held them.

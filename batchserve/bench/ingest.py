@@ -27,8 +27,12 @@ from batchserve.bench.loadgen import Submitted, open_loop, poisson_schedule
 from batchserve.bench.stack import (
     BenchDeployment,
     Variant,
+    busy_share,
+    cores_busy,
     cpu_per,
     percentile,
+    server_cpu_per,
+    server_cpu_s,
     tcp_counters,
     tcp_delta,
 )
@@ -78,7 +82,8 @@ async def _ingest_step(
     step_s = step_s or plan.step_s
     # Scraped before the CPU figures start: the scrape is the bench's work, not the step's.
     gc_before = await asyncio.to_thread(deployment.api_gc)
-    roles_before, tcp_before = deployment.cpu_s(), tcp_counters()
+    roles_before, servers_before = deployment.cpu_s(), server_cpu_s()
+    tcp_before, busy_before = tcp_counters(), cores_busy()
     cpu_started, wall_started = time.process_time(), time.perf_counter()
     load = await open_loop(
         deployment.url,
@@ -86,7 +91,7 @@ async def _ingest_step(
         lambda i: {"model": plan.variant.name, "input": f"ingest {seed} {i}"},
         headers=deployment.headers,
     )
-    tcp = tcp_delta(tcp_before, tcp_counters())
+    tcp, busy = tcp_delta(tcp_before, tcp_counters()), busy_share(busy_before, cores_busy())
     wall_s = time.perf_counter() - wall_started
     loadgen_cpu = (time.process_time() - cpu_started) / wall_s
     latencies_ms = [s.latency_s * 1000.0 for s in load.submitted]
@@ -98,6 +103,7 @@ async def _ingest_step(
     # Let the step's requests finish, so the next step starts from an empty pipeline.
     await deployment.clock.wait_for(accepted, timeout_s=30)
     cpu_ms = cpu_per(roles_before, deployment.cpu_s(), len(accepted))
+    servers_ms = server_cpu_per(servers_before, server_cpu_s(), len(accepted))
     gc_after = await asyncio.to_thread(deployment.api_gc)
     return {
         "rate": rate,
@@ -111,6 +117,10 @@ async def _ingest_step(
         "max_ms": round(max(latencies_ms), 2) if latencies_ms else math.nan,
         "loadgen_cpu": round(loadgen_cpu, 2),
         "cpu_ms_per_request": cpu_ms,
+        "server_cpu_ms_per_request": servers_ms,
+        # How much of the machine's CPU was busy while the step sent: near 1, every figure
+        # above is the machine's limit as much as batchserve's.
+        "cores_busy": busy,
         "api_gc": {
             "collections": int(gc_after["collections"] - gc_before["collections"]),
             "full": int(gc_after["full"] - gc_before["full"]),

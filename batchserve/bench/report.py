@@ -93,7 +93,7 @@ def render_ingest(doc: dict[str, Any], console: Console) -> None:
     table = _table(
         f"ingest: single submits, open loop ({doc['variant']}, batch {doc['max_batch_size']})",
         ["offered/s", "sent/s", "accepted", "refused", "errors", "p50 ms", "p99 ms", "max ms",
-         "loadgen cpu", "listen overflows", f"p99 <= {doc['max_p99_ms']:g} ms"],
+         "loadgen cpu", "cores busy", "listen overflows", f"p99 <= {doc['max_p99_ms']:g} ms"],
     )  # fmt: skip
     for s in doc["steps"]:
         table.add_row(
@@ -106,6 +106,7 @@ def render_ingest(doc: dict[str, Any], console: Console) -> None:
             _ms(s["p99_ms"]),
             _ms(s["max_ms"]),
             f"{s['loadgen_cpu']:.0%}",
+            f"{s['cores_busy']:.0%}" if "cores_busy" in s else "",
             str(s.get("tcp", {}).get("listen_overflows", "")),
             "yes" if s["ok"] else "no",
         )

@@ -38,7 +38,7 @@ from batchserve.core.logs import get_logger
 from batchserve.core.migrate import upgrade
 from batchserve.core.settings import Settings
 from batchserve.models.registry import ModelSpec
-from batchserve.testing.deployment import Stack
+from batchserve.testing.deployment import Stack, terminate
 
 log = get_logger("batchserve.bench")
 
@@ -311,13 +311,8 @@ class BenchDeployment:
     def _stop_profiler(self) -> None:
         """py-spy writes its flame graph when interrupted."""
         profiler, self._profiler = self._profiler, None
-        if profiler is None or profiler.poll() is not None:
-            return
-        profiler.send_signal(signal.SIGINT)
-        try:
-            profiler.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            profiler.kill()
+        if profiler is not None:
+            terminate(profiler, 60, signal.SIGINT)
         self.profile_role = None  # one process per run
 
     def _stop_blocking(self) -> None:
@@ -370,6 +365,20 @@ def _cpu_s(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cores_busy() -> tuple[float, float]:
+    """Clock ticks so far that this machine's cores spent busy, and in all (``/proc/stat``):
+    between two readings, the busy share says whether the machine ran out of CPU."""
+    ticks = [int(t) for t in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    idle = ticks[3] + ticks[4]  # idle and iowait; guest time is within user already
+    return float(sum(ticks) - idle), float(sum(ticks))
+
+
+def busy_share(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """The share of the machine's CPU busy between two :func:`cores_busy` readings."""
+    total = after[1] - before[1]
+    return round((after[0] - before[0]) / total, 3) if total > 0 else math.nan
 
 
 # The servers' processes, by the name the kernel gives them (``/proc/<pid>/comm``).

@@ -37,6 +37,23 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def terminate(
+    process: subprocess.Popen[Any] | ForkedProcess,
+    timeout_s: float,
+    sig: int = signal.SIGTERM,
+) -> None:
+    """Stop a process this code started: ``sig`` (SIGTERM: a graceful stop), then SIGKILL if it
+    has not exited within ``timeout_s``. Returns once it has exited and been reaped."""
+    if process.poll() is not None:
+        return
+    process.send_signal(sig)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+
+
 @dataclass
 class Role:
     name: str
@@ -189,12 +206,7 @@ class Stack:
         if not role.alive():
             return
         assert role.process is not None
-        role.process.send_signal(signal.SIGTERM)
-        try:
-            role.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            role.process.kill()
-            role.process.wait(timeout=10)
+        terminate(role.process, timeout_s)
 
     def child_pids(self, name: str) -> list[int]:
         """Pids of a role's child processes (a Celery worker's pool)."""

@@ -102,6 +102,10 @@ def test_ingest_steps_through_rates(run_id: str, tmp_path: Path) -> None:
         assert gc["collections"] >= gc["full"] >= 0 and gc["ms"] >= 0
         # The load generator's own: its collector is off while it sends.
         assert step["loadgen_gc"]["collections"] == 0
+        # The servers' CPU beside the roles', and how busy the machine was while sending.
+        assert set(step["server_cpu_ms_per_request"]) == {"postgres", "rabbitmq", "redis"}
+        assert 0 < step["cores_busy"] <= 1
+    assert sum(s["server_cpu_ms_per_request"]["postgres"] for s in doc["steps"]) > 0
     assert doc["max_rate_ok"] in (0, 40, 80)
 
 

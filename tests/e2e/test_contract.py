@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import itertools
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ import httpx
 import pytest
 
 from batchserve.cli.keys import create_key_blocking
-from batchserve.testing.deployment import ROOT, Stack, free_port
+from batchserve.testing.deployment import ROOT, Stack, free_port, terminate
 from tests.conftest import server_env
 from tests.support import servers
 
@@ -103,12 +102,7 @@ def embedded_service(home: Path) -> Iterator[Service]:
             time.sleep(0.2)
         yield Service("embedded", url, f"sqlite+aiosqlite:///{home / 'batchserve.sqlite3'}")
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        terminate(process, 20)
 
 
 @contextlib.contextmanager

@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from batchserve.testing.deployment import ROOT, free_port
+from batchserve.testing.deployment import ROOT, free_port, terminate
 
 HEAVY = {"torch", "transformers", "vllm", "accelerate", "matplotlib", "aiohttp"}
 TOOLING = ("matplotlib", "aiohttp", "batchserve.bench", "batchserve.testing")
@@ -68,12 +67,7 @@ def _serving(command: list[str], home: Path, **extra: str) -> Iterator[tuple[str
                     raise AssertionError(said) from error
                 return
         finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            terminate(process, 30)
     raise AssertionError("every port chosen was taken first:\n" + log_path.read_text())
 
 

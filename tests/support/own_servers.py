@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from batchserve.core.migrate import upgrade
-from batchserve.testing.deployment import free_port
+from batchserve.testing.deployment import free_port, terminate
 from tests.support import keys, servers
 
 REDIS_START_S = 30.0
@@ -46,14 +46,8 @@ class OwnRedis:
         servers.wait_port("127.0.0.1", self.port, timeout_s=REDIS_START_S)
 
     def stop(self) -> None:
-        if self._process is None or self._process.poll() is not None:
-            return
-        self._process.terminate()
-        try:
-            self._process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait(timeout=10)
+        if self._process is not None:
+            terminate(self._process, 30)
 
     def restart(self) -> None:
         self.stop()

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from batchserve.testing.deployment import free_port
+from batchserve.testing.deployment import free_port, terminate
 from batchserve.testing.forkserver import Forkserver
 
 
@@ -133,3 +133,32 @@ def test_roles_hear_signals_whichever_thread_started_the_template(tmp_path: Path
         assert served.wait(timeout=10) == -signal.SIGTERM
     finally:
         server.close()
+
+
+_STUBBORN = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+    " print('ready', flush=True); time.sleep(60)"
+)
+
+
+def test_terminate_asks_first_and_kills_what_does_not_listen() -> None:
+    """``terminate``: a process that stops on SIGTERM exits by it; one that ignores it is
+    killed at the deadline; either way it is reaped, and one already gone is left alone."""
+    polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    terminate(polite, 10)
+    assert polite.returncode == -signal.SIGTERM
+
+    stubborn = subprocess.Popen([sys.executable, "-c", _STUBBORN], stdout=subprocess.PIPE)
+    assert stubborn.stdout is not None and stubborn.stdout.readline() == b"ready\n"
+    started = time.monotonic()
+    terminate(stubborn, 0.5)
+    assert stubborn.returncode == -signal.SIGKILL
+    assert 0.5 <= time.monotonic() - started < 10
+    stubborn.stdout.close()
+
+    terminate(polite, 10)  # already reaped: nothing to send, nothing raised
+    assert polite.returncode == -signal.SIGTERM
+
+    interrupted = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    terminate(interrupted, 10, signal.SIGINT)
+    assert interrupted.returncode == -signal.SIGINT  # it stopped by the signal asked for

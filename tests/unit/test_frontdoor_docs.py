@@ -122,6 +122,25 @@ def test_server_cpu_counts_each_process_between_two_readings() -> None:
     assert server_cpu_per(before, after, 0) == {}
 
 
+def test_the_busy_share_is_the_machines_cpu_between_two_readings() -> None:
+    """The ingest steps' ``cores_busy``: this process spinning shows as busy CPU, the share
+    never passes the whole machine, and no ticks between the readings is no figure."""
+    import math
+    import time
+
+    from batchserve.bench.stack import busy_share, cores_busy
+
+    before = cores_busy()
+    assert 0 <= before[0] <= before[1]
+    spin_until = time.process_time() + 0.3
+    while time.process_time() < spin_until:
+        pass
+    share = busy_share(before, cores_busy())
+    assert 0 < share <= 1
+    assert busy_share((5.0, 10.0), (8.0, 14.0)) == 0.75
+    assert math.isnan(busy_share(before, before))
+
+
 def test_the_slot_is_busy_from_ten_percent_load_up() -> None:
     """The page's "the adaptive policy keeps the slot busy from 10 % load up": at each load of
     both overhead runs, batches of the mean size at the offered rate fill the slot's 100 ms
