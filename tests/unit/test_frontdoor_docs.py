@@ -934,3 +934,42 @@ def test_the_carried_work_moved_no_figure_and_is_gone() -> None:
     assert lower and not any(lower.values())
     assert "Nothing moved beyond the spread of the runs, so it was reverted" in PROSE
     assert "work" not in {f.name for f in fields(QueueMessage)}
+
+
+def test_the_cores_section_says_what_its_rounds_show() -> None:
+    """Single submits at 500-1,000/s: every request accepted; at 1,000/s the cores were nine
+    tenths busy or more in every round, the API took the largest share of CPU a request of any
+    process, and the only rounds within goal 3's p99 were the least busy ones; at 500/s the
+    roles spent more a request than at 1,000/s. The page prints its script's verdict."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import frontdoor_docs
+
+    doc = _run("frontdoor-ingest-cores.json")
+    assert len(doc["runs"]) >= 3
+
+    def at(rate: float) -> list[dict[str, Any]]:
+        return [s for run in doc["runs"] for s in run["steps"] if s["rate"] == rate]
+
+    for run in doc["runs"]:
+        for step in run["steps"]:
+            assert step["accepted"] == step["sent"] and step["refused"] == step["errors"] == 0
+    top, low = at(1000.0), at(500.0)
+    assert min(s["cores_busy"] for s in top) >= 0.9
+    for step in top:
+        api = step["cpu_ms_per_request"]["api"]
+        others = {**step["cpu_ms_per_request"], **step["server_cpu_ms_per_request"]}
+        others.pop("api")
+        assert api > max(others.values()) and api > frontdoor_docs._loadgen_ms(step)
+    within = [s for s in top if s["p99_ms"] <= 50.0]
+    beyond = [s for s in top if s["p99_ms"] > 50.0]
+    if within and beyond:
+        assert max(s["cores_busy"] for s in within) <= min(s["cores_busy"] for s in beyond)
+
+    def roles(step: dict[str, Any]) -> float:
+        return sum(step["cpu_ms_per_request"].values())
+
+    assert min(roles(s) for s in low) > max(roles(s) for s in top)
+    verdict = frontdoor_docs.cores_verdict(doc)
+    said = f"two cores were {verdict['busy_top']} busy while the step sent"
+    assert said in PROSE
+    assert f"within 50 ms in {verdict['within_top']} of {verdict['rounds']} rounds" in PROSE
