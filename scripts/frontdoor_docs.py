@@ -850,6 +850,8 @@ def main() -> None:
     section(CARRY, join_table(carry, "work"), CARRY_AFTER, carry_verdict(carry))
     cores = load("frontdoor-ingest-cores.json")
     section(CORES, cores_table(cores), CORES_AFTER, cores_verdict(cores))
+    lines = load("frontdoor-lines-ab.json")
+    section(LINES, lines_table(lines), LINES_AFTER, lines_verdict(lines))
     print(EARLIER)
 
 
@@ -993,6 +995,49 @@ def carry_verdict(doc: dict[str, Any]) -> dict[str, str]:
         verdict[f"{name}_joined"] = spread(way, lambda r: r["joined"]["late"])
         verdict[f"{name}_batcher"] = spread(way, lambda r: r["cpu_ms_per_request"]["batcher"])
     return verdict
+
+
+LINES_WAYS = ("a line each", "a line a group")
+
+
+def lines_table(doc: dict[str, Any]) -> str:
+    rows = []
+    for run in doc["runs"]:
+        for step in run["steps"]:
+            roles = step["cpu_ms_per_request"]
+            rows.append(
+                [
+                    str(run["round"]),
+                    run["lines"],
+                    f"{step['p50_ms']:g}",
+                    f"{step['p99_ms']:g}",
+                    f"{step['cores_busy']:.0%}",
+                    f"{roles['api']:.3f}",
+                    f"{sum(roles.values()):.3f}",
+                ]
+            )
+    header = ["round", "admissions logged", "p50 ms", "p99 ms", "cores busy"]
+    header += ["API CPU ms a request", "all roles' CPU ms a request"]
+    return table(header, rows)
+
+
+def lines_verdict(doc: dict[str, Any]) -> dict[str, str]:
+    def api(way: str) -> list[float]:
+        return [
+            float(s["cpu_ms_per_request"]["api"])
+            for run in doc["runs"]
+            if run["lines"] == way
+            for s in run["steps"]
+        ]
+
+    return {
+        "rounds": str(max(run["round"] for run in doc["runs"])),
+        "command": doc["command"],
+        "machine": doc["machine_note"],
+        "note": doc["note"],
+        "each_api": span(api(LINES_WAYS[0]), 3),
+        "group_api": span(api(LINES_WAYS[1]), 3),
+    }
 
 
 def cores_table(doc: dict[str, Any]) -> str:
@@ -2577,6 +2622,27 @@ Goal 3 on this machine asks for a p99 of 50 ms with the cores nine tenths busy o
 where every process's turn waits on the others'. What would move it is less CPU a request
 across all of them, the API first (its share is the largest: {api_top} ms a request at
 1,000/s), or more cores.
+"""
+
+
+LINES = """
+### A group commit's admissions on one log line
+
+The service logs at INFO by default, and there a request's history starts with its
+admission: the API logged one line for each request it admitted, where every later change is
+one line for the requests that changed together, their ids listed. Now a group commit's
+requests of one model, lane and tenant share a line too (`requests_accepted`, up to 100 ids a
+line; `batchserve/core/logs.py`: `log_request_ids`), and `batchserve bench --role-log-level`
+runs the roles at a level of choice (WARNING, the default, leaves these lines out of every
+other figure on this page). {rounds} alternating rounds at 1,000/s with the roles at INFO
+(`{command}`, {note}; {machine}; [frontdoor-lines-ab.json](frontdoor-lines-ab.json)):
+"""
+
+LINES_AFTER = """
+The API's CPU a submit: {each_api} ms with a line each, {group_api} ms with a line a group;
+every run of the change was below every run before it. Tests:
+`tests/unit/test_logs.py::test_a_group_commit_logs_a_line_for_each_model_lane_and_tenant_in_it`,
+`tests/e2e/test_operability.py::test_json_logs_let_one_grep_follow_a_request_across_processes`.
 """
 
 

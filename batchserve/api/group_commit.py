@@ -18,7 +18,7 @@ from batchserve.core.broker import RequestQueue
 from batchserve.core.clock import deployment_time
 from batchserve.core.domain import QueueMessage, SubmitCommand
 from batchserve.core.errors import IdempotencyConflict, IdempotencyInProgress, Unavailable
-from batchserve.core.logs import get_logger
+from batchserve.core.logs import get_logger, log_request_ids
 from batchserve.core.metrics import metrics
 from batchserve.core.store import Admission, JobStore
 
@@ -30,18 +30,18 @@ MARK_EVERY_S = 0.5
 
 
 def _observe_admitted(admissions: Sequence[Admission]) -> None:
-    """Count the requests this group committed, and log each: its history starts here."""
-    counter = metrics().admissions
+    """Count the requests this group committed and log them, a line for each model, lane and
+    tenant among them with their ids (as the store logs their later changes): each request's
+    history starts here."""
+    together: dict[tuple[str, str, str], list[str]] = {}
     for admission in admissions:
         record = admission.record
-        counter.labels(record.model, record.lane.value).inc()
-        log.info(
-            "request_accepted",
-            request_id=record.id,
-            model=record.model,
-            lane=record.lane.value,
-            tenant=record.tenant,
-        )
+        key = (record.model, record.lane.value, record.tenant)
+        together.setdefault(key, []).append(str(record.id))
+    counter = metrics().admissions
+    for (model, lane, tenant), ids in together.items():
+        counter.labels(model, lane).inc(len(ids))
+        log_request_ids(log, "requests_accepted", ids, model=model, lane=lane, tenant=tenant)
 
 
 class Admitter:

@@ -11,6 +11,7 @@ import asyncio
 import json
 import math
 from collections.abc import Coroutine
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -37,6 +38,13 @@ SCENARIOS = (
     "all",
 )
 ALL = ("saturation", "overhead", "ingest", "bulk", "mixed")
+
+
+class RoleLogLevel(StrEnum):
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
 
 
 def _floats(text: str) -> list[float]:
@@ -91,6 +99,10 @@ def bench(
     api_processes: Annotated[
         int, typer.Option(min=1, max=64, help="Processes of batchserve's API (api --processes)")
     ] = 1,
+    role_log_level: Annotated[
+        RoleLogLevel,
+        typer.Option(help="The roles' log level (BATCHSERVE_LOG_LEVEL; the service's: INFO)"),
+    ] = RoleLogLevel.WARNING,
     model: Annotated[str, typer.Option(help="Model (scenario model)")] = "smollm2-135m",
     prompts: Annotated[int, typer.Option(help="Chat prompts (scenario model)")] = 64,
     max_tokens: Annotated[int, typer.Option(help="New tokens a request (scenario model)")] = 64,
@@ -186,6 +198,7 @@ def bench(
         profile_out=profile_out,
         keep=keep,
         api_processes=api_processes,
+        role_log_level=role_log_level.value,
     )
     names = list(ALL) if scenario == "all" else [scenario]
     documents = run_loop(run_scenarios(names, options))

@@ -44,6 +44,7 @@ class BenchOptions:
     profile_out: Path = Path("profile.svg")
     keep: bool = False
     api_processes: int = 1
+    role_log_level: str = "WARNING"
 
 
 def machine() -> dict[str, Any]:
@@ -79,6 +80,7 @@ async def run_scenarios(names: list[str], options: BenchOptions) -> list[dict[st
             profile_role=options.profile,
             profile_out=options.profile_out,
             api_processes=options.api_processes,
+            log_level=options.role_log_level,
         )
         before = machine()
         started = time.monotonic()
@@ -89,6 +91,7 @@ async def run_scenarios(names: list[str], options: BenchOptions) -> list[dict[st
             await deployment.stop()
         doc["machine"] = {"before": before, "after": machine()}
         doc["api_processes"] = options.api_processes
+        doc["role_log_level"] = options.role_log_level
         doc["wall_s"] = round(time.monotonic() - started, 1)
         doc["logs"] = str(deployment.log_dir)
         documents.append(doc)

@@ -171,6 +171,9 @@ class BenchDeployment:
     extra_models: dict[str, str] = field(default_factory=dict)
     # Processes of the API (``batchserve api --processes``).
     api_processes: int = 1
+    # The roles' log level: WARNING leaves out the lines a request's history is made of, which
+    # the service logs at its default, INFO.
+    log_level: str = "WARNING"
 
     def __post_init__(self) -> None:
         self._profiler: subprocess.Popen[bytes] | None = None
@@ -193,7 +196,7 @@ class BenchDeployment:
             "BATCHSERVE_REDIS_URL": self.settings.redis_url,
             "BATCHSERVE_NAMESPACE": self.run,
             "BATCHSERVE_MODELS": str(registry),
-            "BATCHSERVE_LOG_LEVEL": "WARNING",
+            "BATCHSERVE_LOG_LEVEL": self.log_level,
             "BATCHSERVE_LOG_FORMAT": "text",
             "BATCHSERVE_API_PROCESSES": str(self.api_processes),
         }

@@ -21,7 +21,7 @@ ECHO = "echo-100ms"
 
 def accepting_pids(log: Path) -> set[int]:
     """The processes that logged an admission."""
-    return {int(pid) for pid in re.findall(r"api\[(\d+)\] request_accepted", log.read_text())}
+    return {int(pid) for pid in re.findall(r"api\[(\d+)\] requests_accepted", log.read_text())}
 
 
 async def submit(url: str, count: int, tag: str) -> list[str]:

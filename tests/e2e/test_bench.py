@@ -78,6 +78,9 @@ def test_saturation_reports_drain_against_the_ideal(run_id: str, tmp_path: Path)
 @pytest.mark.usefixtures("live_servers")
 def test_overhead_compares_live_with_the_simulator(run_id: str, tmp_path: Path) -> None:
     doc = bench("overhead", run_id, tmp_path)
+    # By default the roles log warnings only: a request's lines are not in the figures.
+    assert doc["role_log_level"] == "WARNING"
+    assert "requests_accepted" not in (Path(doc["logs"]) / "api.log").read_text()
     (row,) = doc["results"]
     assert row["variant"] == "adaptive" and row["load"] == 0.1 and row["succeeded"] > 0
     assert row["succeeded"] + row["not_succeeded"] == row["accepted"]
@@ -90,8 +93,11 @@ def test_overhead_compares_live_with_the_simulator(run_id: str, tmp_path: Path) 
 
 @pytest.mark.usefixtures("live_servers")
 def test_ingest_steps_through_rates(run_id: str, tmp_path: Path) -> None:
-    doc = bench("ingest", run_id, tmp_path)
+    doc = bench("ingest", run_id, tmp_path, "--role-log-level", "INFO")
     assert [s["rate"] for s in doc["steps"]] == [40, 80]
+    # The roles logged at the service's default level: the requests' histories are there.
+    assert doc["role_log_level"] == "INFO"
+    assert "requests_accepted" in (Path(doc["logs"]) / "api.log").read_text()
     for step in doc["steps"]:
         assert step["accepted"] + step["refused"] + step["errors"] == step["sent"] > 0
         assert 0 < step["p50_ms"] <= step["p99_ms"] <= step["max_ms"]

@@ -242,11 +242,13 @@ async def test_json_logs_let_one_grep_follow_a_request_across_processes(
     by_role = {line["role"] for line in lines}
     assert {"api", "batcher", "worker"} <= by_role, by_role
     events = {line["event"]: line for line in lines}
-    accepted = events["request_accepted"]
+    accepted = events["requests_accepted"]
     assert (
-        accepted["model"] == ECHO
+        accepted["role"] == "api"
+        and accepted["model"] == ECHO
         and accepted["tenant"] == "tests"
         and accepted["lane"] == "interactive"
+        and accepted["count"] == len(accepted["request_ids"]) >= 1
     )
     running, done = events["requests_running"], events["requests_succeeded"]
     assert running["role"] == "batcher" and running["batch_id"] == result["batch_id"]

@@ -9,12 +9,22 @@ import logging
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
 import pytest
 
-from batchserve.core.logs import annotate, bind, bound, formatter, get_logger, setup_logging
+from batchserve.core.logs import (
+    IDS_PER_LINE,
+    annotate,
+    bind,
+    bound,
+    formatter,
+    get_logger,
+    log_request_ids,
+    setup_logging,
+)
 
 Log = Callable[..., list[str]]
 
@@ -274,3 +284,57 @@ def test_lines_go_to_stderr_as_it_is_when_written(monkeypatch: pytest.MonkeyPatc
     finally:
         root.handlers[:], level = saved
         root.setLevel(level)
+
+
+def test_requests_that_changed_together_share_a_line_of_at_most_a_hundred_ids(emit: Log) -> None:
+    ids = [f"r-{n}" for n in range(250)]
+    lines = emit("json", "worker", lambda log: log_request_ids(log, "requests_x", ids, model="m"))
+    data = [orjson.loads(line) for line in lines]
+    assert [d["count"] for d in data] == [IDS_PER_LINE, IDS_PER_LINE, 50]
+    assert [i for d in data for i in d["request_ids"]] == ids
+    assert all(d["event"] == "requests_x" and d["model"] == "m" for d in data)
+
+
+def test_a_group_commit_logs_a_line_for_each_model_lane_and_tenant_in_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A group's admissions are logged together, as their later changes are (a line each cost
+    the API a few per cent of its CPU a submit at 1,000/s: docs/frontdoor.md), and counted by
+    model and lane."""
+    from prometheus_client import REGISTRY
+
+    from batchserve.api import group_commit
+    from batchserve.core.domain import Lane
+
+    said: list[tuple[str, list[str], dict[str, Any]]] = []
+
+    def record(_: Any, event: str, ids: list[str], **fields: Any) -> None:
+        said.append((event, list(ids), fields))
+
+    monkeypatch.setattr(group_commit, "log_request_ids", record)
+
+    def admitted(n: int, lane: Lane, tenant: str) -> Any:
+        return SimpleNamespace(
+            record=SimpleNamespace(id=f"id-{n}", model="m-logs", lane=lane, tenant=tenant)
+        )
+
+    def counted(lane: str) -> float:
+        labels = {"model": "m-logs", "lane": lane}
+        return REGISTRY.get_sample_value("batchserve_admissions_total", labels) or 0.0
+
+    before = counted("interactive"), counted("bulk")
+    group_commit._observe_admitted(
+        [
+            admitted(1, Lane.INTERACTIVE, "a"),
+            admitted(2, Lane.INTERACTIVE, "b"),
+            admitted(3, Lane.INTERACTIVE, "a"),
+            admitted(4, Lane.BULK, "a"),
+        ]
+    )
+    fields = {"model": "m-logs", "lane": "interactive"}
+    assert said == [
+        ("requests_accepted", ["id-1", "id-3"], {**fields, "tenant": "a"}),
+        ("requests_accepted", ["id-2"], {**fields, "tenant": "b"}),
+        ("requests_accepted", ["id-4"], {**fields, "lane": "bulk", "tenant": "a"}),
+    ]
+    assert (counted("interactive"), counted("bulk")) == (before[0] + 3, before[1] + 1)

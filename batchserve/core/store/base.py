@@ -27,7 +27,7 @@ from batchserve.core.domain import (
 )
 from batchserve.core.ids import uuid7
 from batchserve.core.lifecycle import Cause
-from batchserve.core.logs import get_logger
+from batchserve.core.logs import get_logger, log_request_ids
 from batchserve.core.metrics import metrics
 from batchserve.core.records import aware
 from batchserve.core.tables import batches_table, deliveries_table, events_table, requests_table
@@ -294,19 +294,7 @@ def observe_state_change(
             metrics().expirations.inc(len(ids))
         elif state is S.CANCELLED:
             metrics().cancellations.inc(len(ids))
-    for at in range(0, len(ids), _IDS_PER_LINE):
-        chunk = ids[at : at + _IDS_PER_LINE]
-        log.info(
-            f"requests_{state.value}",
-            count=len(chunk),
-            request_ids=list(chunk),
-            batch_id=batch_id,
-            model=model,
-        )
-
-
-# A bulk job's cancellation ends thousands at once: log lines stay a few kilobytes.
-_IDS_PER_LINE = 100
+    log_request_ids(log, f"requests_{state.value}", ids, batch_id=batch_id, model=model)
 
 
 _LOG_EVENTS_PG = text(
