@@ -40,6 +40,10 @@ SCENARIOS = (
 ALL = ("saturation", "overhead", "ingest", "bulk", "mixed")
 
 
+# Scenarios that deploy (or load) what they measure their own way, not through BenchOptions.
+_OWN_DEPLOYMENT = ("model", "embeddings", "streaming")
+
+
 class RoleLogLevel(StrEnum):
     DEBUG = "DEBUG"
     INFO = "INFO"
@@ -150,6 +154,12 @@ def bench(
             "benchmarks deploy on servers: set BATCHSERVE_DATABASE_URL, BATCHSERVE_BROKER_URL and "
             "BATCHSERVE_REDIS_URL (e.g. the local ones `make run` uses)",
             param_hint="--scenario",
+        )
+    if role_log_level is not RoleLogLevel.WARNING and scenario in _OWN_DEPLOYMENT:
+        raise typer.BadParameter(
+            f"the {scenario} scenario runs its roles at its own log level; --role-log-level "
+            f"applies to {', '.join(s for s in SCENARIOS if s not in _OWN_DEPLOYMENT)}",
+            param_hint="--role-log-level",
         )
     if scenario == "model":
         _model(model, prompts, max_tokens, mixed_s, vllm, transformers_cb, as_json)

@@ -185,3 +185,26 @@ def test_aiperf_summary_gives_ttft_itl_and_throughput_in_milliseconds_and_per_se
     assert (figures.request_throughput, figures.output_token_throughput) == (22.5, 360.0)
     empty = parse_summary({})
     assert empty.requests == 0 and math.isnan(empty.ttft_p50_ms)
+
+
+@pytest.mark.parametrize("scenario", ["model", "embeddings", "streaming"])
+def test_a_scenario_with_its_own_deployment_refuses_a_role_log_level(scenario: str) -> None:
+    """``--role-log-level`` reaches the roles BenchOptions deploys; the scenarios that deploy
+    their own way refuse it, naming the option, before they deploy anything."""
+    import typer
+    from typer.testing import CliRunner
+
+    from batchserve.bench.command import bench
+
+    app = typer.Typer()
+    app.command("bench")(bench)
+    app.callback()(lambda: None)  # a group, as batchserve is: `bench` is a subcommand
+    env = {
+        "BATCHSERVE_DATABASE_URL": "postgresql+psycopg://nobody@127.0.0.1:9/none",
+        "BATCHSERVE_BROKER_URL": "amqp://nobody:none@127.0.0.1:9//",
+        "BATCHSERVE_REDIS_URL": "redis://127.0.0.1:9/0",
+    }
+    args = ["bench", "--scenario", scenario, "--role-log-level", "INFO"]
+    result = CliRunner().invoke(app, args, env=env)
+    assert result.exit_code == 2
+    assert "--role-log-level" in result.output and "applies to" in result.output
