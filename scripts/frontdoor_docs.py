@@ -1012,25 +1012,27 @@ def running_rows(doc: dict[str, Any], way: str, load: float) -> list[dict[str, A
     ]
 
 
+def round_rows(
+    doc: dict[str, Any], way: str, items: str, cells: Callable[[dict[str, Any]], list[str]]
+) -> list[list[str]]:
+    """A row for each of the ``items`` of each run of an A/B: its round, its way, its cells."""
+    return [
+        [str(run["round"]), run[way], *cells(item)] for run in doc["runs"] for item in run[items]
+    ]
+
+
 def running_table(doc: dict[str, Any]) -> str:
-    rows = []
-    for run in doc["runs"]:
-        for row in run["results"]:
-            stages = row["breakdown"]
-            rows.append(
-                [
-                    str(run["round"]),
-                    run["running"],
-                    f"{row['load']:.0%}",
-                    f"{stages['to_batcher']['p50_ms']:g}",
-                    f"{stages['dispatch']['p50_ms']:g}",
-                    f"{stages['write_notify']['p50_ms']:g}",
-                    f"{row['overhead_p50_ms']:g}",
-                ]
-            )
+    def cells(row: dict[str, Any]) -> list[str]:
+        stages = row["breakdown"]
+        return [
+            f"{row['load']:.0%}",
+            *(f"{stages[s]['p50_ms']:g}" for s in ("to_batcher", "dispatch", "write_notify")),
+            f"{row['overhead_p50_ms']:g}",
+        ]
+
     header = ["round", "the claim's running notification", "load", "to_batcher", "dispatch"]
     header += ["write_notify", "live - simulated p50"]
-    return table(header, rows)
+    return table(header, round_rows(doc, "running", "results", cells))
 
 
 def running_verdict(doc: dict[str, Any]) -> dict[str, str]:
@@ -1054,24 +1056,19 @@ LINES_WAYS = ("a line each", "a line a group")
 
 
 def lines_table(doc: dict[str, Any]) -> str:
-    rows = []
-    for run in doc["runs"]:
-        for step in run["steps"]:
-            roles = step["cpu_ms_per_request"]
-            rows.append(
-                [
-                    str(run["round"]),
-                    run["lines"],
-                    f"{step['p50_ms']:g}",
-                    f"{step['p99_ms']:g}",
-                    f"{step['cores_busy']:.0%}",
-                    f"{roles['api']:.3f}",
-                    f"{sum(roles.values()):.3f}",
-                ]
-            )
+    def cells(step: dict[str, Any]) -> list[str]:
+        roles = step["cpu_ms_per_request"]
+        return [
+            f"{step['p50_ms']:g}",
+            f"{step['p99_ms']:g}",
+            f"{step['cores_busy']:.0%}",
+            f"{roles['api']:.3f}",
+            f"{sum(roles.values()):.3f}",
+        ]
+
     header = ["round", "admissions logged", "p50 ms", "p99 ms", "cores busy"]
     header += ["API CPU ms a request", "all roles' CPU ms a request"]
-    return table(header, rows)
+    return table(header, round_rows(doc, "lines", "steps", cells))
 
 
 def lines_verdict(doc: dict[str, Any]) -> dict[str, str]:
