@@ -38,7 +38,7 @@ WORKER_CPU_LOCK := pyproject.toml requirements/worker-cpu.in --extra transformer
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install vllm-env bench-client run run-embedded test test-models test-browser static-checks lint services locks clean images
+.PHONY: install vllm-env bench-client run run-embedded test test-models test-browser static-checks lint services locks clean images image-layers
 
 install: $(STAMP)
 
@@ -92,7 +92,9 @@ test: debian-tools
 	# The two environments install at once (mostly downloads and unpacking: one core each), and
 	# the static checks and the test models' conversion (once, into the model cache) run as soon
 	# as the first is ready, beside the second's install; so does the dashboard test's browser.
-	$(MAKE) --no-print-directory -j3 vllm-env static-checks test-models services test-browser
+	# The images' layers build beside them too (Debian's and the locks' packages: downloads and
+	# unpacking, as the installs), so the images' test at the end finds them in buildah's cache.
+	$(MAKE) --no-print-directory -j3 vllm-env static-checks test-models services test-browser image-layers
 	# Most tests wait on timers and processes, so 3 run at once on 2 cores; a file stays on one
 	# process (its shared engine or deployment starts once). Files go out as xdist orders them,
 	# those of most tests first: the long model and chaos files, each of one to a few tests,
@@ -101,7 +103,7 @@ test: debian-tools
 	# afterwards, alone.
 	$(BIN)/pytest -q -rs --durations=25 -n 3 --dist loadfile -m "not exclusive and not images"
 	$(BIN)/pytest -q -rs --durations=5 -m exclusive
-	# The images' build (minutes of unpacking and copying on the first run) goes last, alone.
+	# The images' test (their build cached by then) goes last, alone.
 	$(BIN)/pytest -q -rs --durations=5 -m images
 
 # Debian's packages some tests need, installed where missing, in one apt call (before the parallel
@@ -120,6 +122,10 @@ debian-tools:
 # The CPU images (control plane, CPU worker), with buildah: `docker build` needs none of this.
 images: debian-tools
 	./scripts/build-images.sh
+
+# The images as the images' test builds them (tests/support/images.py), ahead of that test.
+image-layers: install debian-tools
+	$(BIN)/python -m tests.support.images
 
 test-models: install
 	$(BIN)/python -m batchserve.models.hf tests/models.toml

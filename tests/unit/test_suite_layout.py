@@ -1,5 +1,6 @@
 """`make test` runs the suite in parallel processes and, afterwards and alone, the tests that take a
-shared server down, then the images' test (it builds them: minutes of unpacking and copying).
+shared server down, then the images' test (their layers built during the setup, beside the
+installs: minutes of downloads, unpacking and copying).
 A test module that restarts Postgres, RabbitMQ or Redis and is not marked so
 would break whatever runs beside it: it fails here instead."""
 
@@ -56,3 +57,15 @@ def test_make_test_installs_the_dashboard_browser_during_setup() -> None:
         "ensure_chromium()"
         in (ROOT / "tests/support/browser.py").read_text().split('if __name__ == "__main__":', 1)[1]
     )
+
+
+def test_make_test_builds_the_images_layers_during_setup_as_their_test_does() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    (setup,) = [line for line in recipe.splitlines() if "$(MAKE)" in line]
+    assert "image-layers" in setup.split()
+    layers = makefile.split("\nimage-layers:", 1)[1].split("\n\n", 1)[0]
+    assert "-m tests.support.images" in layers
+    main = (ROOT / "tests/support/images.py").read_text().split("def main()", 1)[1]
+    fixture = (ROOT / "tests/e2e/test_images_live.py").read_text()
+    assert 'build("test", log)' in main and 'images.build("test", log)' in fixture
