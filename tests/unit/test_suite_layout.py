@@ -26,8 +26,8 @@ def test_every_module_that_takes_a_server_down_runs_alone() -> None:
 
 
 def test_make_test_runs_the_rest_in_parallel_then_the_exclusive_ones_then_the_images() -> None:
-    recipe = (ROOT / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
-    runs = [line.strip() for line in recipe.splitlines() if "pytest" in line and "#" not in line]
+    lines = _recipe("test").splitlines()
+    runs = [line.strip() for line in lines if "pytest" in line and "#" not in line]
     assert len(runs) == 3, runs
     parallel = '-m "not exclusive and not images"'
     assert " -n " in runs[0] and parallel in runs[0] and "--dist loadfile" in runs[0]
@@ -46,13 +46,20 @@ def test_make_test_installs_the_debian_tools_its_tests_need() -> None:
     assert commands == {"kubectl", "buildah", "mmdebstrap"}
 
 
+def _recipe(target: str) -> str:
+    """The Makefile's lines for ``target``, up to the blank line after them."""
+    return (ROOT / "Makefile").read_text().split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]
+
+
+def _setup_targets() -> list[str]:
+    """What `make test` makes at once before its tests (its one ``$(MAKE)`` line)."""
+    (setup,) = [line for line in _recipe("test").splitlines() if "$(MAKE)" in line]
+    return setup.split()
+
+
 def test_make_test_installs_the_dashboard_browser_during_setup() -> None:
-    makefile = (ROOT / "Makefile").read_text()
-    recipe = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
-    (setup,) = [line for line in recipe.splitlines() if "$(MAKE)" in line]
-    assert "test-browser" in setup.split()
-    browser = makefile.split("\ntest-browser:", 1)[1].split("\n\n", 1)[0]
-    assert "-m tests.support.browser" in browser
+    assert "test-browser" in _setup_targets()
+    assert "-m tests.support.browser" in _recipe("test-browser")
     assert (
         "ensure_chromium()"
         in (ROOT / "tests/support/browser.py").read_text().split('if __name__ == "__main__":', 1)[1]
@@ -60,12 +67,8 @@ def test_make_test_installs_the_dashboard_browser_during_setup() -> None:
 
 
 def test_make_test_builds_the_images_layers_during_setup_as_their_test_does() -> None:
-    makefile = (ROOT / "Makefile").read_text()
-    recipe = makefile.split("\ntest:", 1)[1].split("\n\n", 1)[0]
-    (setup,) = [line for line in recipe.splitlines() if "$(MAKE)" in line]
-    assert "image-layers" in setup.split()
-    layers = makefile.split("\nimage-layers:", 1)[1].split("\n\n", 1)[0]
-    assert "-m tests.support.images" in layers
+    assert "image-layers" in _setup_targets()
+    assert "-m tests.support.images" in _recipe("image-layers")
     main = (ROOT / "tests/support/images.py").read_text().split("def main()", 1)[1]
     fixture = (ROOT / "tests/e2e/test_images_live.py").read_text()
     assert 'build("test", log)' in main and 'images.build("test", log)' in fixture
