@@ -19,6 +19,11 @@ generator (``batchserve.bench.loadgen``, aiohttp) and the same body, in one run:
   submit: commit in Postgres, publish to RabbitMQ; the batcher and worker drain behind it,
   on the same cores).
 
+``--servers uvicorn,granian --collectors off --no-batchserve`` measures the same two floors
+under granian as well (a Rust HTTP server running the same ASGI apps on uvloop, one worker
+process, its runtime as it ships), its CPU counted over its processes:
+``docs/frontdoor-servers.json``.
+
 The two floors are measured twice a round: with the load generator's garbage collector
 running at Python's defaults while it sends, and as ``batchserve bench`` runs it (tuned by
 ``run_loop``, off while ``open_loop`` sends), to show what the generator's own collections
@@ -54,6 +59,7 @@ from batchserve.testing.deployment import free_port
 
 FLOORS = ("asgi", "fastapi")
 COLLECTORS = ("running", "off")  # the load generator's, while it sends
+SERVERS = ("uvicorn", "granian")
 DEFAULT_GC = gc.get_threshold()
 ANSWER = {"id": "0190f000-0000-7000-8000-000000000000", "object": "request", "state": "queued"}
 
@@ -86,11 +92,26 @@ def _fastapi_app() -> Any:
     return app
 
 
+def app_for(kind: str) -> Any:
+    """The floor's app, started as batchserve's roles start (``tune_gc``); granian imports
+    this as its factory (``--factory bench_http_floor:asgi_app`` and ``:fastapi_app``)."""
+    app = _asgi_app if kind == "asgi" else _fastapi_app()
+    tune_gc()
+    return app
+
+
+def asgi_app() -> Any:
+    return app_for("asgi")
+
+
+def fastapi_app() -> Any:
+    return app_for("fastapi")
+
+
 def serve(kind: str, port: int) -> None:
     import uvicorn
 
-    app = _asgi_app if kind == "asgi" else _fastapi_app()
-    tune_gc()  # as batchserve's roles start
+    app = app_for(kind)
     uvicorn.run(
         app,
         host="127.0.0.1",
@@ -107,12 +128,23 @@ def _body(seed: int) -> Any:
     return lambda i: {"model": "echo-100ms", "input": f"ingest {seed} {i}"}
 
 
+def _tree_cpu_s(server: psutil.Process) -> float:
+    """CPU seconds of ``server`` and its children (granian serves from a worker process)."""
+    total = 0.0
+    for process in [server, *server.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
 async def _step(
     url: str, server: psutil.Process, rate: float, seconds: float, seed: int, collect: bool
 ) -> Any:
     def cpu() -> float:
-        times = server.cpu_times()
-        return float(times.user + times.system)
+        return _tree_cpu_s(server)
 
     before, loadgen_before = cpu(), time.process_time()
     schedule = poisson_schedule(rate, seconds, seed)
@@ -142,13 +174,30 @@ def _collector(way: str) -> None:
         gc.set_threshold(*DEFAULT_GC)
 
 
+def _server_command(server: str, kind: str, port: int) -> list[str]:
+    if server == "uvicorn":
+        return [sys.executable, __file__, "--serve", kind, "--port", str(port)]
+    return [
+        *(sys.executable, "-m", "granian", "--interface", "asginl", "--loop", "uvloop"),
+        *("--workers", "1", "--no-ws", "--log-level", "warning"),
+        *("--host", "127.0.0.1", "--port", str(port), "--factory"),
+        f"bench_http_floor:{kind}_app",
+    ]
+
+
 def run_floor(
-    kind: str, collector: str, rates: list[float], seconds: float, seed: int
+    kind: str,
+    collector: str,
+    rates: list[float],
+    seconds: float,
+    seed: int,
+    server_name: str = "uvicorn",
 ) -> list[dict[str, Any]]:
     port = free_port()
+    here = Path(__file__).resolve().parent
     child = subprocess.Popen(
-        [sys.executable, __file__, "--serve", kind, "--port", str(port)],
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+        _server_command(server_name, kind, port),
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), str(here)])},
     )
     try:
         url = f"http://127.0.0.1:{port}"
@@ -206,6 +255,9 @@ def main() -> None:
     parser.add_argument("--rates", default="500,1000")
     parser.add_argument("--step-s", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--servers", default="uvicorn", help="of " + ",".join(SERVERS))
+    parser.add_argument("--collectors", default=",".join(COLLECTORS), help="of running,off")
+    parser.add_argument("--no-batchserve", action="store_true", help="the floors alone")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--serve", choices=FLOORS, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -214,18 +266,25 @@ def main() -> None:
         serve(args.serve, args.port)
         return
     rates = [float(r) for r in args.rates.split(",")]
+    servers, collectors = args.servers.split(","), args.collectors.split(",")
+    if not set(servers) <= set(SERVERS) or not set(collectors) <= set(COLLECTORS):
+        parser.error(f"--servers of {','.join(SERVERS)}, --collectors of {','.join(COLLECTORS)}")
     runs = []
     for round_ in range(1, args.rounds + 1):
-        ways = [(kind, collector) for kind in FLOORS for collector in COLLECTORS]
-        for kind, collector in [*ways, ("batchserve", "off")]:
+        ways = [(s, k, c) for s in servers for k in FLOORS for c in collectors]
+        if not args.no_batchserve:
+            ways.append(("uvicorn", "batchserve", "off"))
+        for server, kind, collector in ways:
             started = time.time()
             if kind == "batchserve":
                 steps = run_batchserve(rates, args.step_s)
             else:
-                steps = run_floor(kind, collector, rates, args.step_s, seed=1000 * round_)
+                seed = 1000 * round_
+                steps = run_floor(kind, collector, rates, args.step_s, seed, server)
             runs.append(
                 {
                     "round": round_,
+                    "server": server,
                     "kind": kind,
                     "loadgen_gc": collector,
                     "started": started,
@@ -234,7 +293,7 @@ def main() -> None:
             )
             if not args.json:
                 for s in steps:
-                    print(round_, kind, collector, s, flush=True)
+                    print(round_, server, kind, collector, s, flush=True)
     if args.json:
         command = "python scripts/bench_http_floor.py"
         if sys.argv[1:]:

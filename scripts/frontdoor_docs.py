@@ -854,6 +854,8 @@ def main() -> None:
     section(LINES, lines_table(lines), LINES_AFTER, lines_verdict(lines))
     running = load("frontdoor-running-ab.json")
     section(RUNNING, running_table(running), RUNNING_AFTER, running_verdict(running))
+    servers = load("frontdoor-servers.json")
+    section(GRANIAN, granian_table(servers), GRANIAN_AFTER, granian_verdict(servers))
     print(EARLIER)
 
 
@@ -1050,6 +1052,68 @@ def running_verdict(doc: dict[str, Any]) -> dict[str, str]:
         "low_sent": span(dispatch(RUNNING_WAYS[1], 0.02)),
         "low_awaited": span(dispatch(RUNNING_WAYS[0], 0.02)),
     }
+
+
+HTTP_SERVERS = ("uvicorn", "granian")
+FLOOR_APPS = ("asgi", "fastapi")
+
+
+def server_steps(doc: dict[str, Any], server: str, kind: str, rate: float) -> list[dict[str, Any]]:
+    """One app's steps at one rate under one HTTP server, a step a round."""
+    return [
+        step
+        for run in doc["runs"]
+        if run["server"] == server and run["kind"] == kind
+        for step in run["steps"]
+        if step["rate"] == rate
+    ]
+
+
+def http_server_cpu(doc: dict[str, Any], server: str, kind: str, rate: float) -> list[float]:
+    """The server's CPU a request, a value a round, under one server for one app at one rate."""
+    return [float(step["server_cpu_ms"]) for step in server_steps(doc, server, kind, rate)]
+
+
+def granian_table(doc: dict[str, Any]) -> str:
+    rates = sorted({step["rate"] for run in doc["runs"] for step in run["steps"]})
+    rows = []
+    for rate in rates:
+        for kind in FLOOR_APPS:
+            for server in HTTP_SERVERS:
+                steps = server_steps(doc, server, kind, rate)
+                figures = [span([s[key] for s in steps]) for key in ("p50_ms", "p99_ms")]
+                cpu = span([s["server_cpu_ms"] for s in steps], 3)
+                rows.append([f"{rate:,.0f}", FLOOR_NAMES[kind], server, *figures, cpu])
+    header = ["offered/s", "the app", "served by", "p50 ms", "p99 ms", "server's CPU ms a request"]
+    return table(header, rows)
+
+
+def granian_verdict(doc: dict[str, Any]) -> dict[str, str]:
+    """Whether every round under granian cost more CPU a request than every round under
+    uvicorn, for each app at each rate, and the two servers' figures at the top rate."""
+    rates = sorted({step["rate"] for run in doc["runs"] for step in run["steps"]})
+    top = rates[-1]
+    cells = [(kind, rate) for kind in FLOOR_APPS for rate in rates]
+    dearer = [
+        (kind, rate)
+        for kind, rate in cells
+        if min(http_server_cpu(doc, "granian", kind, rate))
+        > max(http_server_cpu(doc, "uvicorn", kind, rate))
+    ]
+    machine = doc["machine"]
+    verdict = {
+        "command": doc["command"],
+        "machine": f"{machine['cpu']}, {machine['cores']} cores, {machine['when'][:10]}",
+        "rounds": str(max(run["round"] for run in doc["runs"])),
+        "rates": ", ".join(f"{r:,.0f}" for r in rates),
+        "dearer": "each"
+        if len(dearer) == len(cells)
+        else f"{len(dearer)} of the {len(cells)} cells",
+    }
+    for server in HTTP_SERVERS:
+        for kind in FLOOR_APPS:
+            verdict[f"{server}_{kind}"] = span(http_server_cpu(doc, server, kind, top), 3)
+    return verdict
 
 
 LINES_WAYS = ("a line each", "a line a group")
@@ -2716,6 +2780,28 @@ At 2 % load the dispatch stage was {low_sent} ms with the notification beside th
 rounds moved between them, and at 30 % load neither way was below the other in every round.
 Not kept: a round trip of Redis on a path of a dozen hops, each a process waking on two shared
 cores.
+"""
+
+
+GRANIAN = """
+### Tried and not kept: a Rust HTTP server (granian)
+
+The floor above is uvicorn's (httptools parsing, uvloop). Would a server whose HTTP is
+compiled Rust leave the API more of its core? granian (2.8, the `bench` extra) runs the same
+two apps, the bare ASGI one and the FastAPI route, on uvloop, one worker process, its runtime
+as it ships; its CPU is counted over its processes. `{command}` ({machine}, nothing else
+running; [frontdoor-servers.json](frontdoor-servers.json)): {rounds} rounds at {rates}/s, each
+round both servers in turn, lowest-highest over the rounds:
+"""
+
+GRANIAN_AFTER = """
+Every round under granian cost the server more CPU a request than every round under uvicorn,
+for {dearer} of the two apps at the two rates: at 1,000/s {granian_asgi} ms against
+{uvicorn_asgi} for the bare app, {granian_fastapi} against {uvicorn_fastapi} for the FastAPI
+route (its latencies were no worse: what it costs is CPU, which two cores do not have to spare).
+granian hands each request from its Rust runtime to the event loop's thread and back; uvicorn
+parses in that thread. Not kept: the API stays on uvicorn. The floor above says where a cheaper
+front door has to cut: the framework and batchserve's own path, not the HTTP parser.
 """
 
 

@@ -1035,3 +1035,33 @@ def test_the_running_notification_beside_the_hand_over_moved_nothing_and_is_gone
     assert f"the dispatch stage was {verdict['low_sent']} ms with the notification" in PROSE
     source = (ROOT / "batchserve" / "core" / "store" / "batches.py").read_text()
     assert "await self._emit(\n                S.RUNNING, [c.id for c in claimed]" in source
+
+
+def test_granian_cost_more_cpu_than_uvicorn_in_every_round_and_the_api_stays_on_uvicorn() -> None:
+    """Three rounds of the two floors under each server: every round under granian cost the
+    server more CPU a request than every round under uvicorn, for both apps at both rates,
+    every request answered; the page says so with its script's figures, and the API still
+    serves through uvicorn."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import frontdoor_docs
+
+    doc = _run("frontdoor-servers.json")
+    assert len({run["round"] for run in doc["runs"]}) >= 3
+    assert {run["server"] for run in doc["runs"]} == set(frontdoor_docs.HTTP_SERVERS)
+    rates = {step["rate"] for run in doc["runs"] for step in run["steps"]}
+    assert rates == {100.0, 1000.0}
+    for run in doc["runs"]:
+        for step in run["steps"]:
+            assert step["answered"] == step["sent"] and step["errors"] == 0
+    for kind in frontdoor_docs.FLOOR_APPS:
+        for rate in rates:
+            granian = frontdoor_docs.http_server_cpu(doc, "granian", kind, rate)
+            uvicorn = frontdoor_docs.http_server_cpu(doc, "uvicorn", kind, rate)
+            assert len(granian) == len(uvicorn) >= 3
+            assert min(granian) > max(uvicorn)
+    verdict = frontdoor_docs.granian_verdict(doc)
+    assert verdict["dearer"] == "each"
+    said = f"at 1,000/s {verdict['granian_asgi']} ms against {verdict['uvicorn_asgi']} for the bare"
+    assert said in PROSE
+    server = (ROOT / "batchserve" / "api" / "server.py").read_text()
+    assert "uvicorn.Server(server_config(" in server and "granian" not in server
