@@ -48,7 +48,7 @@ from typing import Any
 import orjson
 import psutil
 import uvloop
-from benchmarks_docs import machine
+from benchmarks_docs import recorded_runs
 from fastapi import FastAPI, Response
 
 from batchserve.api.schemas import SubmitRequest
@@ -295,10 +295,7 @@ def main() -> None:
                 for s in steps:
                     print(round_, server, kind, collector, s, flush=True)
     if args.json:
-        command = "python scripts/bench_http_floor.py"
-        if sys.argv[1:]:
-            command += " " + " ".join(sys.argv[1:])
-        print(json.dumps({"command": command, "machine": machine(), "runs": runs}, indent=1))
+        print(recorded_runs("bench_http_floor.py", runs))
 
 
 if __name__ == "__main__":

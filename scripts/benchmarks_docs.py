@@ -11,6 +11,7 @@ About 15 minutes on two cores (20 with ``--profiles``).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import subprocess
@@ -102,6 +103,13 @@ def bench(args: list[str]) -> dict[str, Any]:
         raise SystemExit(f"bench failed:\n{done.stderr[-4000:]}")
     document: dict[str, Any] = orjson.loads(done.stdout)
     return document
+
+
+def recorded_runs(script: str, runs: list[dict[str, Any]]) -> str:
+    """A measuring script's JSON document: the command that ran it (``python scripts/NAME``
+    and its arguments), the machine, and its runs."""
+    command = " ".join(["python", f"scripts/{script}", *sys.argv[1:]])
+    return json.dumps({"command": command, "machine": machine(), "runs": runs}, indent=1)
 
 
 def machine() -> dict[str, Any]:

@@ -856,6 +856,9 @@ def main() -> None:
     section(RUNNING, running_table(running), RUNNING_AFTER, running_verdict(running))
     servers = load("frontdoor-servers.json")
     section(GRANIAN, granian_table(servers), GRANIAN_AFTER, granian_verdict(servers))
+    embedded, full = load("frontdoor-embedded.json"), load("frontdoor-today-head.json")
+    verdict = embedded_verdict(embedded, full)
+    section(EMBEDDED, embedded_table(embedded), EMBEDDED_AFTER, verdict)
     print(EARLIER)
 
 
@@ -1113,6 +1116,69 @@ def granian_verdict(doc: dict[str, Any]) -> dict[str, str]:
     for server in HTTP_SERVERS:
         for kind in FLOOR_APPS:
             verdict[f"{server}_{kind}"] = span(http_server_cpu(doc, server, kind, top), 3)
+    return verdict
+
+
+def embedded_table(doc: dict[str, Any]) -> str:
+    rows = [
+        [
+            str(run["round"]),
+            f"{step['rate']:g}",
+            f"{step['answered']} of {step['sent']}",
+            f"{step['p50_ms']:g}",
+            f"{step['p99_ms']:g}",
+            f"{step['cpu_ms_per_request']:g}",
+        ]
+        for run in doc["runs"]
+        for step in run["steps"]
+    ]
+    header = [
+        "round",
+        "offered/s",
+        "answered",
+        "p50 ms",
+        "p99 ms",
+        "the process's CPU ms a request",
+    ]
+    return table(header, rows)
+
+
+def full_stack_longpoll(full: dict[str, Any], rate: float) -> dict[str, Any]:
+    """The full stack's long-poll row at ``rate`` in a frontdoor run."""
+    return next(r for r in full["results"] if r["path"] == "longpoll" and r["offered_rps"] == rate)
+
+
+def embedded_verdict(doc: dict[str, Any], full: dict[str, Any]) -> dict[str, str]:
+    """The lone requests' spans and each rate's figures, lowest-highest over the rounds, and
+    the full stack's long-poll path at the same rates in ``full`` (a frontdoor run)."""
+
+    def lone(key: str) -> str:
+        return span([run["lone"][key] for run in doc["runs"]], 1)
+
+    def at(rate: float, key: str) -> str:
+        values = [s[key] for run in doc["runs"] for s in run["steps"] if s["rate"] == rate]
+        return span(values, 1)
+
+    machine = doc["machine"]
+    verdict = {
+        "command": doc["command"],
+        "machine": f"{machine['cpu']}, {machine['cores']} cores, {machine['when'][:10]}",
+        "rounds": str(len(doc["runs"])),
+        "total": lone("total"),
+        "submit": lone("submit"),
+        "to_end": lone("to_end"),
+        "end_to_answer": lone("end_to_answer"),
+        "p50_30": at(30.0, "p50_ms"),
+        "p50_100": at(100.0, "p50_ms"),
+        "p50_200": at(200.0, "p50_ms"),
+        "cpu_30": at(30.0, "cpu_ms_per_request"),
+        "cpu_100": at(100.0, "cpu_ms_per_request"),
+    }
+    for rate in (30.0, 100.0, 200.0):
+        row = full_stack_longpoll(full, rate)
+        verdict[f"full_p50_{rate:.0f}"] = f"{row['p50_ms']:g}"
+        verdict[f"full_cpu_{rate:.0f}"] = f"{sum(row['cpu_ms_per_request'].values()):.2f}"
+    verdict["full_served_200"] = f"{full_stack_longpoll(full, 200.0)['served_rps']:g}"
     return verdict
 
 
@@ -2802,6 +2868,33 @@ route (its latencies were no worse: what it costs is CPU, which two cores do not
 granian hands each request from its Rust runtime to the event loop's thread and back; uvicorn
 parses in that thread. Not kept: the API stays on uvicorn. The floor above says where a cheaper
 front door has to cut: the framework and batchserve's own path, not the HTTP parser.
+"""
+
+
+EMBEDDED = """
+### The embedded mode beside it (measured, nothing changed)
+
+`batchserve serve` with no servers configured runs every role in one process on a SQLite
+file: an in-process batcher that is durable. Is one process what the full stack lacks?
+`{command}` ({machine}, nothing else running; [frontdoor-embedded.json](frontdoor-embedded.json);
+`scripts/bench_embedded.py`): the seeds' model, a fresh service each round, {rounds} rounds.
+Lone requests, one at a time (medians, lowest-highest over the rounds): {total} ms from send to
+answer, the submit's round trip {submit} ms, acceptance to the end of its batch {to_end} ms
+(the model's 100 of them), that end to the caller holding the answer {end_to_answer} ms. Then
+each request submitted and long-polled, open loop, 10 s a rate:
+"""
+
+EMBEDDED_AFTER = """
+One process did not make a request cheaper or faster. Against the full stack's long-poll path
+on this kind of machine the same day ("The goals at the head, on this page's machine again"
+above, [frontdoor-today-head.json](frontdoor-today-head.json)): at 30/s the embedded process
+spent {cpu_30} ms of CPU a request (the full stack's four roles together {full_cpu_30}) and
+answered at a p50 of {p50_30} ms ({full_p50_30}); at 100/s {cpu_100} ms ({full_cpu_100}) and a
+p50 of {p50_100} ms ({full_p50_100}); at 200/s it fell seconds behind (p50 {p50_200} ms) where
+the full stack served {full_served_200}/s at a p50 of {full_p50_200} ms. Its store reaches SQLite
+through aiosqlite, a worker thread a connection: each statement, each fetch, each `BEGIN` and
+`COMMIT` is a hand-over to that thread and back to the event loop. So "fewer processes" alone
+is not the lever the figures ask for; the embedded mode's own is its store's hand-overs.
 """
 
 
