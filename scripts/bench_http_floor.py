@@ -192,6 +192,7 @@ def run_floor(
     seconds: float,
     seed: int,
     server_name: str = "uvicorn",
+    warm_up_s: float = 1.0,
 ) -> list[dict[str, Any]]:
     port = free_port()
     here = Path(__file__).resolve().parent
@@ -215,7 +216,8 @@ def run_floor(
         collect = collector == "running"
 
         async def steps() -> list[dict[str, Any]]:
-            await _step(url, server, 100.0, 1.0, seed - 1, collect)  # warm-up, not recorded
+            if warm_up_s > 0:  # not recorded
+                await _step(url, server, 100.0, warm_up_s, seed - 1, collect)
             return [
                 await _step(url, server, r, seconds, seed + i, collect) for i, r in enumerate(rates)
             ]

@@ -18,7 +18,7 @@ def test_each_server_answers_each_floor(server: str, kind: str) -> None:
     """A short step: the server starts from the script's command, answers every submit with
     its 202, and its CPU (over its processes) is counted: about a hundred submits, tens of
     milliseconds of CPU, several of the clock ticks it is counted in."""
-    steps = bench_http_floor.run_floor(kind, "off", [100.0], 1.0, 7, server)
+    steps = bench_http_floor.run_floor(kind, "off", [100.0], 1.0, 7, server, warm_up_s=0)
     (step,) = steps
     assert step["sent"] > 0 and step["answered"] == step["sent"] and step["errors"] == 0
     assert step["server_cpu_ms"] > 0
