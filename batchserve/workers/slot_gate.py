@@ -17,6 +17,12 @@ The gate is a set of ``flock`` locks on files in a directory of the worker's own
 slot. A process that dies holding one (a batch that kills its process) releases it with its
 last file descriptor, so a crash never wedges a slot. The files are opened in each process
 after the fork: ``flock`` locks belong to an open file description, which a fork would share.
+
+The directory is the worker's for its life: the worker holds a lock on its ``owner`` file,
+which its pool processes inherit, and removes the directory when it stops. A worker killed
+outright cannot; the next worker to start on the host sweeps every gate directory whose owner
+lock nobody holds any more (:meth:`SlotGate.sweep`). A lock, not a process id: a pid may be
+reused, or belong to another container sharing the directory.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import shutil
 import struct
 import time
 from collections.abc import Iterator
@@ -33,6 +40,7 @@ from pathlib import Path
 
 POLL_S = 0.0005
 _STAMP = struct.Struct("<d")
+OWNER = "owner"
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,14 +61,43 @@ class SlotGate:
         self.slots = slots
         self._fds: list[int] | None = None  # opened lazily, in the process that waits
         self._queue_fd: int | None = None
+        self._owner_fd: int | None = None  # held by the worker that made the directory
 
     @classmethod
     def create(cls, directory: Path, slots: int) -> SlotGate:
+        """The gate in ``directory``, its files made and its owner lock taken by this process
+        (its forks inherit it: the lock lasts while any of them lives)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         for path in [cls._slot_path(directory, n) for n in range(slots)] + [directory / "queue"]:
             path.touch(exist_ok=True)
-        return cls(directory, slots)
+        gate = cls(directory, slots)
+        # Locked under another name, then renamed: a sweep never finds the owner file unlocked.
+        making = directory / f"{OWNER}.{os.getpid()}"
+        gate._owner_fd = os.open(making, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(gate._owner_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        making.rename(directory / OWNER)
+        return gate
+
+    @staticmethod
+    def sweep(parent: Path, prefix: str) -> list[Path]:
+        """Remove the gate directories under ``parent`` named ``prefix``* whose owner lock is
+        free (the worker and all its processes are gone); the removed ones. A directory
+        without an owner file (one being made) is left."""
+        removed = []
+        for directory in sorted(Path(parent).glob(f"{prefix}*")):
+            try:
+                fd = os.open(directory / OWNER, os.O_RDWR)
+            except OSError:
+                continue
+            try:
+                if not _try_lock(fd):
+                    continue
+                shutil.rmtree(directory, ignore_errors=True)
+                removed.append(directory)
+            finally:
+                os.close(fd)
+        return removed
 
     @staticmethod
     def _slot_path(directory: Path, n: int) -> Path:

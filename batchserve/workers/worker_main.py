@@ -127,6 +127,18 @@ def _serve_pool_metrics(settings: Settings) -> Path | None:
     return directory
 
 
+GATE_PREFIX = "batchserve-gate-"
+
+
+def _gate_directory() -> Path:
+    """A new gate directory for this worker, after sweeping those of workers that died
+    without removing theirs (killed outright: their owner lock is free)."""
+    parent = Path(tempfile.gettempdir())
+    for stale in SlotGate.sweep(parent, GATE_PREFIX):
+        log.info("stale_gate_removed", directory=str(stale))
+    return Path(tempfile.mkdtemp(prefix=GATE_PREFIX, dir=parent))
+
+
 def standby_enabled(settings: Settings, spec: ModelSpec) -> bool:
     if settings.worker_standby == "auto":
         return not plugin_for(spec).holds_weights
@@ -154,7 +166,7 @@ def run_worker(settings: Settings, spec: ModelSpec, *, slots: int, loglevel: str
     # The batcher sees ``slots``; with standby processes the pool has twice as many, and the
     # gate lets ``slots`` of them run a model at once.
     standby = standby_enabled(settings, spec)
-    gate_dir = Path(tempfile.mkdtemp(prefix="batchserve-gate-")) if standby else None
+    gate_dir = _gate_directory() if standby else None
     RuntimeHolder.gate = SlotGate.create(gate_dir, slots) if gate_dir is not None else None
     concurrency = 2 * slots if standby else slots
     ready = _ReadyProcesses(concurrency)

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from batchserve.workers.slot_gate import SlotGate, Turn
 
 ctx = multiprocessing.get_context("fork")
@@ -109,3 +111,68 @@ def test_a_turn_at_one_of_several_slots_tells_the_same(tmp_path: Path) -> None:
     gate.release(first.slot)
     taker.join(5)
     assert waiting[0].slot == first.slot and 0.15 <= (waiting[0].early_s or 0.0) < 5.0
+
+
+def _own_gate_then_leave(directory: Path, pool_alive: Any, stop_pool: Any) -> None:
+    """A worker: makes its gate, forks a pool process that outlives it, and exits."""
+    SlotGate.create(directory, 1)
+    pool = ctx.Process(target=_pool_process, args=(pool_alive, stop_pool))
+    pool.start()
+    pool_alive.wait(10)
+    os._exit(0)  # killed outright: nothing removes the directory
+
+
+def _pool_process(alive: Any, stop: Any) -> None:
+    alive.set()
+    stop.wait(10)
+
+
+def test_a_sweep_removes_the_gates_of_dead_workers_only(tmp_path: Path) -> None:
+    """A worker killed outright leaves its gate directory; the sweep of the next worker removes
+    it once no process of the dead one holds the owner lock (its pool processes inherit it),
+    and never a live worker's directory or one still being made (no owner file yet)."""
+    live = SlotGate.create(tmp_path / "batchserve-gate-live", 2)
+    being_made = tmp_path / "batchserve-gate-new"
+    being_made.mkdir()
+    other = tmp_path / "another-gate"
+    dead = tmp_path / "batchserve-gate-dead"
+    pool_alive, stop_pool = ctx.Event(), ctx.Event()
+    worker = ctx.Process(target=_own_gate_then_leave, args=(dead, pool_alive, stop_pool))
+    worker.start()
+    # Reaped directly: join() would wait for the pool process too (it inherits the pipe
+    # multiprocessing watches).
+    assert worker.pid is not None
+    deadline = time.monotonic() + 10
+    while os.waitpid(worker.pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool_alive.is_set()
+    other.mkdir()
+    (other / "owner").touch()  # nobody holds it, but it is not a gate of this prefix
+    # The dead worker's pool process still holds the lock: its gate stays.
+    assert SlotGate.sweep(tmp_path, "batchserve-gate-") == []
+    stop_pool.set()
+    deadline = time.monotonic() + 10
+    removed: list[Path] = []
+    while not removed and time.monotonic() < deadline:
+        removed = SlotGate.sweep(tmp_path, "batchserve-gate-")
+        time.sleep(0.05)
+    assert removed == [dead] and not dead.exists()
+    assert live.directory.exists() and being_made.exists() and other.exists()
+    with live.turn() as turn:  # the live gate still works
+        assert turn.slot in (0, 1)
+    worker.join(5)  # multiprocessing's bookkeeping (the process itself was reaped above)
+
+
+def test_a_worker_sweeps_before_it_makes_its_gate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's new gate directory goes where the stale ones are, after the sweep."""
+    from batchserve.workers import worker_main
+
+    monkeypatch.setattr(worker_main.tempfile, "tempdir", str(tmp_path))
+    stale = tmp_path / f"{worker_main.GATE_PREFIX}stale"
+    stale.mkdir()
+    (stale / "owner").touch()  # its worker gone: nobody holds the lock
+    made = worker_main._gate_directory()
+    assert not stale.exists()
+    assert made.parent == tmp_path and made.name.startswith(worker_main.GATE_PREFIX)
