@@ -36,11 +36,10 @@ from typing import Any
 
 import aiohttp
 import httpx
-import psutil
 from benchmarks_docs import recorded_runs
 
 from batchserve.bench.loadgen import Submitted, open_loop, poisson_schedule
-from batchserve.bench.stack import percentile
+from batchserve.bench.stack import _cpu_s, percentile
 from batchserve.testing.deployment import free_port, terminate
 
 MODEL = "echo-100ms"
@@ -83,11 +82,9 @@ class Embedded:
             if time.monotonic() > deadline or self.process.poll() is not None:
                 raise RuntimeError(f"the embedded service did not start: {home / 'serve.log'}")
             time.sleep(0.2)
-        self.psutil = psutil.Process(self.process.pid)
 
     def cpu_s(self) -> float:
-        times = self.psutil.cpu_times()
-        return float(times.user + times.system)
+        return _cpu_s(self.process.pid)
 
     def stop(self) -> None:
         terminate(self.process, 15)
