@@ -1,22 +1,27 @@
-"""The embedded mode (``batchserve serve`` with no servers configured) under the front door's
-load: where a lone request's time goes, and what a request costs the one process at a rate.
+"""The embedded mode (``batchserve serve`` with no servers configured) against the front
+door's in-process batcher: where a lone request's time goes, and the front door's paths and
+goals.
 
-    python scripts/bench_embedded.py --json > docs/frontdoor-embedded.json
+    python scripts/bench_embedded.py --json > docs/frontdoor-embedded-goals.json
 
 The embedded mode is every role in one process on a SQLite file: an in-process batcher that
 is durable, the thing issue 19 measures the full stack against. This starts it on a fresh
-home directory with the seeds' model (``echo-100ms``: every batch 100 ms, up to 32 requests),
-then:
+home directory with the seeds' model (every batch 100 ms, up to 32 requests, one slot), and
+beside it the front door's baseline (``batchserve/bench/baseline.py``: FastAPI and an
+in-process asyncio batcher, nothing durable), then:
 
 - **lone requests**, one at a time, 0.3 s apart: each submitted (``POST /v1/requests``, its
   202 once committed) and long-polled to its end; from the client's clock and the request's
   own ``created_at`` and ``finished_at``: the submit's round trip, acceptance to the end of
   its batch (the model's 100 ms and the batcher's and the store's steps around it), and that
   end to the caller holding the answer;
-- **open-loop rates** (Poisson, each request submitted and long-polled, as the front door's
-  long-poll path): latency from send to answer, and the process's CPU a request.
+- **the front door's paths** (``bench --scenario frontdoor``'s rounds, open-loop Poisson, each
+  answer checked to be the caller's own): the baseline, submit + long-poll and the synchronous
+  ``/v1/chat/completions`` at each rate, in turn; latency from send to answer, served/s, the
+  process's CPU a request, and the goals judged (+10 ms p50, +30 ms p99 over the baseline at
+  30 and 100/s).
 
-Each round starts the service afresh. Needs nothing but this checkout's environment.
+Each round starts both afresh. Needs nothing but this checkout's environment.
 """
 
 from __future__ import annotations
@@ -34,22 +39,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import httpx
 from benchmarks_docs import recorded_runs
 
-from batchserve.bench.loadgen import Submitted, open_loop, poisson_schedule
-from batchserve.bench.stack import _cpu_s, percentile
+from batchserve.bench.frontdoor import Baseline, FrontDoorPlan, judge, run_paths
+from batchserve.bench.stack import Variant, _cpu_s
 from batchserve.testing.deployment import free_port, terminate
 
-MODEL = "echo-100ms"
-REGISTRY = f"""
-[models.{MODEL}]
-backend = "fixed"
-batch_time_ms = 100
-max_batch_size = 32
-policy = "adaptive"
-"""
+# The seeds' model, as the front door's scenario runs it: one slot of batches of up to 32.
+VARIANT = Variant("echo-100ms", "adaptive", 32)
+MODEL = VARIANT.name
 # Settings that would point the service at servers: unset, so it runs embedded.
 SERVER_SETTINGS = ("BATCHSERVE_DATABASE_URL", "BATCHSERVE_BROKER_URL", "BATCHSERVE_REDIS_URL")
 
@@ -59,9 +58,10 @@ class Embedded:
 
     def __init__(self, home: Path) -> None:
         registry = home / "models.toml"
-        registry.write_text(REGISTRY)
+        registry.write_text(VARIANT.toml())
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.headers: dict[str, str] = {}  # auth off
         env = {k: v for k, v in os.environ.items() if k not in SERVER_SETTINGS}
         env.update(
             BATCHSERVE_HOME=str(home / "home"),
@@ -80,11 +80,12 @@ class Embedded:
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline or self.process.poll() is not None:
+                self.stop()
                 raise RuntimeError(f"the embedded service did not start: {home / 'serve.log'}")
             time.sleep(0.2)
 
-    def cpu_s(self) -> float:
-        return _cpu_s(self.process.pid)
+    def cpu_s(self) -> dict[str, float]:
+        return {"embedded": _cpu_s(self.process.pid)}
 
     def stop(self) -> None:
         terminate(self.process, 15)
@@ -119,53 +120,30 @@ def lone(url: str, count: int) -> dict[str, Any]:
     return {name: round(statistics.median(values), 2) for name, values in spans.items()}
 
 
-async def at_rate(service: Embedded, rate: float, seconds: float, seed: int) -> dict[str, Any]:
-    """Open loop at ``rate``: each request submitted and long-polled to its end."""
-    answered: dict[int, float] = {}
-
-    async def long_poll(session: aiohttp.ClientSession, submitted: Submitted) -> None:
-        async with session.get(
-            f"/v1/requests/{submitted.request_id}", params={"wait": "30"}
-        ) as got:
-            if (await got.json()).get("status") == "succeeded":
-                answered[submitted.index] = time.time()
-
-    before = service.cpu_s()
-    load = await open_loop(
-        service.url,
-        poisson_schedule(rate, seconds, seed),
-        lambda i: {"model": MODEL, "input": f"embedded {rate:g} {i}", "timeout_s": 60},
-        on_accepted=long_poll,
-    )
-    cpu_s = service.cpu_s() - before
-    latencies = [answered[s.index] - s.sent_at for s in load.submitted if s.index in answered]
-    return {
-        "rate": rate,
-        "sent": len(load.submitted) + load.errors,
-        "answered": len(latencies),
-        "p50_ms": round(percentile(latencies, 0.5) * 1000, 1),
-        "p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
-        "cpu_ms_per_request": round(cpu_s * 1000 / max(len(latencies), 1), 2),
-    }
+async def front_door(
+    service: Embedded, baseline: Baseline, rates: list[float], seconds: float, seed: int
+) -> list[dict[str, Any]]:
+    await baseline.start()
+    plan = FrontDoorPlan(VARIANT, workers=1, rates=rates, duration_s=seconds, seed=seed)
+    return await run_paths(service, baseline, plan, batches=None)
 
 
 def run_round(rates: list[float], seconds: float, lone_count: int, seed: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-embedded-") as home:
         service = Embedded(Path(home))
+        baseline = Baseline(Path(home), VARIANT, workers=1)
         try:
             alone = lone(service.url, lone_count)
-            steps = [
-                asyncio.run(at_rate(service, rate, seconds, seed + i))
-                for i, rate in enumerate(rates)
-            ]
+            results = asyncio.run(front_door(service, baseline, rates, seconds, seed))
         finally:
+            baseline.stop()
             service.stop()
-    return {"lone": alone, "steps": steps}
+    return {"lone": alone, "results": results, "goals": judge(results, VARIANT.ideal_rps(1))}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rates", default="30,100,200")
+    parser.add_argument("--rates", default="30,100,200,300")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--lone", type=int, default=25, help="lone requests, five of them warm-up")
     parser.add_argument("--rounds", type=int, default=2)

@@ -23,7 +23,8 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import aiohttp
 import httpx
@@ -61,10 +62,22 @@ class FrontDoorPlan:
     seed: int
 
 
+class Served(Protocol):
+    """What a round drives: batchserve's API at ``url`` and the CPU of what serves it."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def headers(self) -> dict[str, str]: ...
+
+    def cpu_s(self) -> dict[str, float]: ...
+
+
 class Baseline:
     """The in-process batcher as its own process, started and stopped by pid."""
 
-    def __init__(self, deployment: BenchDeployment, variant: Variant, workers: int) -> None:
+    def __init__(self, log_dir: Path, variant: Variant, workers: int) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._argv = [
@@ -73,7 +86,7 @@ class Baseline:
             *("--batch", str(variant.max_batch_size), "--batch-ms", f"{BATCH_TIME_MS:g}"),
             *("--slots", str(workers)),
         ]
-        self._log = deployment.log_dir / "baseline.log"
+        self._log = log_dir / "baseline.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     async def start(self) -> None:
@@ -118,16 +131,11 @@ _SLOT_IDLE = (
 
 
 async def run_frontdoor(deployment: BenchDeployment, plan: FrontDoorPlan) -> dict[str, Any]:
-    baseline = Baseline(deployment, plan.variant, plan.workers)
+    baseline = Baseline(deployment.log_dir, plan.variant, plan.workers)
     await baseline.start()
     await deployment.start_variant(plan.variant)
     try:
-        for path in PATHS:  # warm-up: connections, caches, the batcher's rate meter
-            await _round(deployment, baseline, plan, path, rate=20.0, duration_s=1.0)
-        rows = []
-        for rate in plan.rates:
-            for path in PATHS:
-                rows.append(await _round(deployment, baseline, plan, path, rate, plan.duration_s))
+        rows = await run_paths(deployment, baseline, plan, deployment)
     finally:
         await asyncio.to_thread(baseline.stop)
         await deployment.stop_variant(plan.variant)
@@ -145,13 +153,29 @@ async def run_frontdoor(deployment: BenchDeployment, plan: FrontDoorPlan) -> dic
     }
 
 
+async def run_paths(
+    served: Served, baseline: Baseline, plan: FrontDoorPlan, batches: BenchDeployment | None
+) -> list[dict[str, Any]]:
+    """Every path at each of the plan's rates, after a short warm-up of each (connections,
+    caches, the batcher's rate meter). ``batches``: the deployment whose database the rounds
+    read their batches' figures from (late joiners, a slot's idle time); ``None`` for none."""
+    for path in PATHS:
+        await _round(served, baseline, plan, path, 20.0, 1.0, batches)
+    rows = []
+    for rate in plan.rates:
+        for path in PATHS:
+            rows.append(await _round(served, baseline, plan, path, rate, plan.duration_s, batches))
+    return rows
+
+
 async def _round(
-    deployment: BenchDeployment,
+    served: Served,
     baseline: Baseline,
     plan: FrontDoorPlan,
     path: str,
     rate: float,
     duration_s: float,
+    batches: BenchDeployment | None,
 ) -> dict[str, Any]:
     """One path at one offered rate: every answer checked against what was sent."""
     texts: dict[int, str] = {}
@@ -176,8 +200,8 @@ async def _round(
                 answered[submitted.index] = (time.time(), output.get("text"))
                 return
 
-    url = baseline.url if path == "baseline" else deployment.url
-    cpu = baseline.cpu_s if path == "baseline" else deployment.cpu_s
+    url = baseline.url if path == "baseline" else served.url
+    cpu = baseline.cpu_s if path == "baseline" else served.cpu_s
     started = time.time()
     before, servers_before, tcp_before = cpu(), server_cpu_s(), tcp_counters()
     load = await open_loop(
@@ -185,16 +209,16 @@ async def _round(
         poisson_schedule(rate, duration_s, plan.seed),
         body,
         path="/v1/chat/completions" if path == "sync" else "/v1/requests",
-        headers=None if path == "baseline" else deployment.headers,
+        headers=None if path == "baseline" else served.headers,
         on_accepted=long_poll if path == "longpoll" else None,
     )
     after, servers_after, tcp_after = cpu(), server_cpu_s(), tcp_counters()
     joined, slot_idle = None, None
-    if path != "baseline":
-        found = await asyncio.to_thread(deployment.query, _JOINED, (started, time.time()))
+    if path != "baseline" and batches is not None:
+        found = await asyncio.to_thread(batches.query, _JOINED, (started, time.time()))
         joined = {"late": int(found[0][0]), "of": int(found[0][1])}
         if plan.workers == 1:
-            found = await asyncio.to_thread(deployment.query, _SLOT_IDLE, (started, time.time()))
+            found = await asyncio.to_thread(batches.query, _SLOT_IDLE, (started, time.time()))
             gaps = [float(g[0]) for g in found]
             slot_idle = {**summary_ms(gaps), "batches": len(gaps)} if gaps else None
     latencies: list[float] = []

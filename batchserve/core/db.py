@@ -19,11 +19,12 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
-from sqlalchemy import event, exc
+from sqlalchemy import exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from batchserve.core.errors import Unavailable
+from batchserve.core.sqlite import create_sqlite_engine, turn
 
 
 def create_engine(
@@ -41,10 +42,7 @@ def create_engine(
     if parsed.get_backend_name() == "sqlite":
         if parsed.database:
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_async_engine(url, connect_args={"timeout": 30})
-        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
-        event.listen(engine.sync_engine, "begin", _sqlite_begin_immediate)
-        return engine
+        return create_sqlite_engine(url, parsed.database or ":memory:")
     connect_args: dict[str, Any] = {"connect_timeout": 5, "application_name": "batchserve"}
     return create_async_engine(
         url,
@@ -56,23 +54,6 @@ def create_engine(
     )
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    # Let SQLAlchemy's "begin" event open transactions (pysqlite would defer them itself).
-    dbapi_connection.isolation_level = None
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA busy_timeout=30000")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.close()
-
-
-def _sqlite_begin_immediate(conn: Any) -> None:
-    """Take SQLite's write lock when a transaction starts, so the store's read-then-write
-    transactions serialize like Postgres row locks would make them (SQLite has no FOR UPDATE)."""
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-
 def is_postgres(engine: AsyncEngine) -> bool:
     return engine.dialect.name == "postgresql"
 
@@ -81,7 +62,7 @@ def is_postgres(engine: AsyncEngine) -> bool:
 async def transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
     """A transaction; connection-level driver failures become :class:`Unavailable`."""
     with _unavailable_on_failure():
-        async with engine.begin() as conn:
+        async with turn(engine), engine.begin() as conn:
             yield conn
 
 
@@ -90,7 +71,7 @@ async def autocommit(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
     """A connection whose every statement commits by itself: a single statement costs one
     round trip, without BEGIN and COMMIT around it."""
     with _unavailable_on_failure():
-        async with engine.connect() as conn:
+        async with turn(engine), engine.connect() as conn:
             yield await conn.execution_options(isolation_level="AUTOCOMMIT")
 
 

@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from batchserve.core.broker import MemoryRequestQueue, RabbitRequestQueue, RequestQueue
 from batchserve.core.clock import follow_database
-from batchserve.core.db import Statements, create_engine, is_postgres
+from batchserve.core.db import Statements, autocommit, create_engine, is_postgres
 from batchserve.core.domain import Lane, StateChange
 from batchserve.core.events import EventBus, MemoryEventBus, RedisEventBus
 from batchserve.core.joins import JoinBox, MemoryJoinBox, RedisJoinBox
@@ -60,7 +60,7 @@ class Adapters:
         """Reachability of each backing server, for ``/readyz``."""
         checks: dict[str, str] = {}
         try:
-            async with self.engine.connect() as conn:
+            async with autocommit(self.engine) as conn:
                 await conn.execute(text("SELECT 1"))
             checks["database"] = "ok"
         except Exception as error:

@@ -10,15 +10,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 import bench_embedded
 
 
-def test_a_short_round_answers_every_request_and_counts_the_process_cpu() -> None:
-    """A fresh embedded service (no servers, its own home directory): lone requests measured
-    from send to answer, around a batch of the seeds' 100 ms model, then a short open-loop
-    step with every request answered and the process's CPU counted."""
+def test_a_short_round_answers_every_request_on_every_path_and_judges_the_goals() -> None:
+    """A fresh embedded service (no servers, its own home directory) and the front door's
+    baseline beside it: lone requests measured from send to answer, around a batch of the
+    seeds' 100 ms model, then each path at a short open-loop step, every request answered with
+    its own answer, the process's CPU counted and the goals judged against the baseline."""
     run = bench_embedded.run_round([20.0], 1.0, 7, seed=7)
     lone = run["lone"]
     assert lone["to_end"] >= 100.0  # the model's 100 ms are inside acceptance to the end
     assert lone["total"] > lone["to_end"] > 0 and lone["submit"] > 0
     assert lone["end_to_answer"] >= 0
-    (step,) = run["steps"]
-    assert step["answered"] == step["sent"] > 0
-    assert step["p50_ms"] >= 100.0 and step["cpu_ms_per_request"] > 0
+    rows = {row["path"]: row for row in run["results"]}
+    assert set(rows) == {"baseline", "longpoll", "sync"}
+    for row in rows.values():
+        assert row["answered"] == row["sent"] > 0 and row["wrong"] == 0
+        assert row["p50_ms"] >= 100.0
+    assert set(rows["baseline"]["cpu_ms_per_request"]) == {"baseline"}
+    for path in ("longpoll", "sync"):
+        assert rows[path]["cpu_ms_per_request"]["embedded"] > 0
+        assert rows[path]["joined"] is None  # no batches' figures: SQLite, not the bench's
+    judged = {(j["path"], j["offered_rps"]) for j in run["goals"]["latency"]}
+    assert judged == {("longpoll", 20.0), ("sync", 20.0)}
