@@ -859,6 +859,8 @@ def main() -> None:
     embedded, full = load("frontdoor-embedded.json"), load("frontdoor-today-head.json")
     verdict = embedded_verdict(embedded, full)
     section(EMBEDDED, embedded_table(embedded), EMBEDDED_AFTER, verdict)
+    inline = load("frontdoor-embedded-ab.json")
+    section(INLINE, inline_table(inline), INLINE_AFTER, inline_verdict(inline))
     print(EARLIER)
 
 
@@ -1179,6 +1181,66 @@ def embedded_verdict(doc: dict[str, Any], full: dict[str, Any]) -> dict[str, str
         verdict[f"full_p50_{rate:.0f}"] = f"{row['p50_ms']:g}"
         verdict[f"full_cpu_{rate:.0f}"] = f"{sum(row['cpu_ms_per_request'].values()):.2f}"
     verdict["full_served_200"] = f"{full_stack_longpoll(full, 200.0)['served_rps']:g}"
+    return verdict
+
+
+INLINE_WAYS = ("aiosqlite's threads", "on the loop's thread")
+INLINE_RATES = (30.0, 100.0, 200.0)
+LONE_SPANS = {
+    "total": "send to answer",
+    "submit": "the submit's round trip",
+    "to_end": "acceptance to the end of its batch",
+    "end_to_answer": "that end to the answer",
+}
+
+
+def lone_span(key: str) -> Read:
+    return lambda run: float(run["lone"][key])
+
+
+def step_figure(rate: float, key: str) -> Read:
+    return lambda run: float(next(s[key] for s in run["steps"] if s["rate"] == rate))
+
+
+def inline_rows() -> list[tuple[str, Read]]:
+    rows = [(f"a lone request: {label}, ms", lone_span(key)) for key, label in LONE_SPANS.items()]
+    for rate in INLINE_RATES:
+        rows.append((f"{rate:g}/s: p50 ms", step_figure(rate, "p50_ms")))
+        rows.append((f"{rate:g}/s: p99 ms", step_figure(rate, "p99_ms")))
+        rows.append((f"{rate:g}/s: CPU ms a request", step_figure(rate, "cpu_ms_per_request")))
+    return rows
+
+
+def inline_table(doc: dict[str, Any]) -> str:
+    return ways_table(doc, INLINE_WAYS, inline_rows())
+
+
+def every_run_lower(doc: dict[str, Any], ways: tuple[str, str], read: Read) -> bool:
+    """Whether every run of the second way came out below every run of the first."""
+    first, second = ways
+    values = {way: [read(run) for run in doc["runs"] if run["way"] == way] for way in ways}
+    return max(values[second]) < min(values[first])
+
+
+def inline_verdict(doc: dict[str, Any]) -> dict[str, str]:
+    lower = [label for label, read in inline_rows() if every_run_lower(doc, INLINE_WAYS, read)]
+    others = [label for label, _ in inline_rows() if label not in lower]
+    verdict = {
+        "command": doc["command"],
+        "machine": doc["machine_note"],
+        "old": doc["code"][INLINE_WAYS[0]],
+        "new": doc["code"][INLINE_WAYS[1]],
+        "rounds": str(sum(1 for run in doc["runs"] if run["way"] == INLINE_WAYS[1])),
+        "lower": "; ".join(lower),
+        "others": "; ".join(others) if others else "none",
+    }
+    for way, name in zip(INLINE_WAYS, ("threads", "inline"), strict=True):
+        for key in LONE_SPANS:
+            verdict[f"{name}_{key}"] = idle_spread(doc, way, lone_span(key))
+        for rate in INLINE_RATES:
+            for key in ("p50_ms", "cpu_ms_per_request"):
+                read = step_figure(rate, key)
+                verdict[f"{name}_{key}_{rate:.0f}"] = idle_spread(doc, way, read)
     return verdict
 
 
@@ -2894,7 +2956,44 @@ p50 of {p50_100} ms ({full_p50_100}); at 200/s it fell seconds behind (p50 {p50_
 the full stack served {full_served_200}/s at a p50 of {full_p50_200} ms. Its store reaches SQLite
 through aiosqlite, a worker thread a connection: each statement, each fetch, each `BEGIN` and
 `COMMIT` is a hand-over to that thread and back to the event loop. So "fewer processes" alone
-is not the lever the figures ask for; the embedded mode's own is its store's hand-overs.
+is not the lever the figures ask for; the embedded mode's own is its store's hand-overs (the
+code of 8ef257c; the next section takes them away).
+"""
+
+
+INLINE = """
+### The embedded store on the loop's thread
+
+The embedded store reached SQLite through aiosqlite, which runs every call of a connection (a
+cursor, an execute, a fetch, a `COMMIT`) on a thread of that connection's own and hands the
+answer back through the event loop. Now each call runs where it is made, on the loop's thread
+(`batchserve/core/sqlite.py`: an `InlineConnection` keeps aiosqlite's interface, so
+SQLAlchemy's driver is the same), and one transaction of the loop at a time holds the database
+(`turn`): every transaction takes SQLite's write lock when it begins, and a second one waiting
+for it inline would stop the loop, and with it the first. The others wait their turn on the
+loop, not in SQLite's busy handler, whose sleeps grow in steps of up to 100 ms; a transaction
+opened inside another is refused at once. Another process writing the same file
+(`batchserve keys create` beside a running `serve`) still meets the busy handler, and the
+loop waits the few milliseconds that takes. Tests: `tests/unit/test_sqlite_engine.py` (the
+statements run on the loop's thread and start no thread; 40 concurrent read-modify-write
+transactions and 20 reads, every update kept and none refused as locked; a transaction
+inside another refused; another process's write waited for).
+
+{rounds} alternating rounds ({machine}; [frontdoor-embedded-ab.json](frontdoor-embedded-ab.json);
+`{command}`, the same measuring script for both ways: lone requests, then submit + long-poll at
+30, 100 and 200/s for 10 s each), {old} against {new}, lowest-highest over the rounds:
+"""
+
+INLINE_AFTER = """
+Every run on the loop's thread came out below every run with aiosqlite's threads in these
+figures: {lower}. Not in: {others}. At 100/s the p50 went from {threads_p50_ms_100} to
+{inline_p50_ms_100} ms and the process's CPU a request from {threads_cpu_ms_per_request_100} to
+{inline_cpu_ms_per_request_100} ms; at 30/s from {threads_p50_ms_30} to {inline_p50_ms_30} ms
+({threads_cpu_ms_per_request_30} to {inline_cpu_ms_per_request_30} ms of CPU); at 200/s, where
+it fell seconds behind, the p50 is now {inline_p50_ms_200} ms ({threads_p50_ms_200} before). A
+lone request took {threads_total} ms from send to answer and takes {inline_total}; its submit's
+round trip did not get shorter ({threads_submit} and {inline_submit} ms; not looked into: its
+commit now runs on the loop's thread, where aiosqlite's thread ran it beside the loop's work).
 """
 
 
