@@ -861,6 +861,14 @@ def main() -> None:
     section(EMBEDDED, embedded_table(embedded), EMBEDDED_AFTER, verdict)
     inline = load("frontdoor-embedded-ab.json")
     section(INLINE, inline_table(inline), INLINE_AFTER, inline_verdict(inline))
+    job = load("frontdoor-embedded-job.json")
+    section(JOB, job_table(job), JOB_AFTER, job_verdict(job))
+    goals = load("frontdoor-embedded-goals.json")
+    print(EMBEDDED_GOALS.format(**embedded_goals_verdict(goals, full)))
+    for run in goals["runs"]:
+        print(f"Round {run['round']}:\n")
+        print(results_table(run) + "\n")
+    print(EMBEDDED_GOALS_AFTER.format(**embedded_goals_verdict(goals, full)))
     print(EARLIER)
 
 
@@ -1242,6 +1250,72 @@ def inline_verdict(doc: dict[str, Any]) -> dict[str, str]:
                 read = step_figure(rate, key)
                 verdict[f"{name}_{key}_{rate:.0f}"] = idle_spread(doc, way, read)
     return verdict
+
+
+JOB_FIGURES = {
+    "job_s": "the job's time, s",
+    "lone_p50_ms": "a lone request beside it: p50 ms",
+    "lone_max_ms": "a lone request beside it: the longest, ms",
+}
+
+
+def job_table(doc: dict[str, Any]) -> str:
+    rows = [(label, _job_figure(key)) for key, label in JOB_FIGURES.items()]
+    return ways_table(doc, INLINE_WAYS, rows)
+
+
+def _job_figure(key: str) -> Read:
+    return lambda run: float(run["job"][key])
+
+
+def job_verdict(doc: dict[str, Any]) -> dict[str, str]:
+    verdict = {
+        "command": doc["command"],
+        "machine": doc["machine_note"],
+        "rounds": str(sum(1 for run in doc["runs"] if run["way"] == INLINE_WAYS[1])),
+        "lines": f"{doc['runs'][0]['job']['lines']:,}",
+    }
+    for way, name in zip(INLINE_WAYS, ("threads", "inline"), strict=True):
+        for key in JOB_FIGURES:
+            verdict[f"{name}_{key}"] = idle_spread(doc, way, _job_figure(key))
+    return verdict
+
+
+def embedded_goals_verdict(doc: dict[str, Any], full: dict[str, Any]) -> dict[str, str]:
+    """Goals 1, 2 and 4 for the embedded mode, over the rounds, beside the full stack's run
+    the page compares with."""
+    runs = doc["runs"]
+    machine = doc["machine"]
+    gaps = [worst_gap(run) for run in runs]
+    served = [run["goals"]["served_vs_ideal"] for run in runs]
+    full_p50, full_p99 = worst_gap(full)
+    full_served = full["goals"]["served_vs_ideal"]
+    return {
+        "command": doc["command"],
+        "machine": f"{machine['cpu']}, {machine['cores']} cores, {machine['when'][:10]}",
+        "rounds": str(len(runs)),
+        "rates": ", ".join(
+            f"{r:g}" for r in sorted({r["offered_rps"] for r in runs[0]["results"]})
+        ),
+        "p50_gap": span([g[0] for g in gaps], 1),
+        "p99_gap": span([g[1] for g in gaps], 1),
+        "full_p50_gap": f"{full_p50:.1f}",
+        "full_p99_gap": f"{full_p99:.1f}",
+        "served_longpoll": span([s["longpoll"] for s in served], 3),
+        "served_sync": span([s["sync"] for s in served], 3),
+        "served_baseline": span([s["baseline"] for s in served], 3),
+        "full_served": f"{full_served['longpoll']} / {full_served['sync']}",
+        "cpu_longpoll": span([roles_cpu(run, "longpoll") for run in runs], 2),
+        "cpu_sync": span([roles_cpu(run, "sync") for run in runs], 2),
+        "full_cpu": f"{roles_cpu(full, 'longpoll')} / {roles_cpu(full, 'sync')}",
+        "goal_4": "met"
+        if all(roles_cpu(run, path) <= 1.0 for run in runs for path in ("longpoll", "sync"))
+        else "**not met**",
+        "goal_1": "met" if all(p50 <= 10 and p99 <= 30 for p50, p99 in gaps) else "**not met**",
+        "goal_2": "met"
+        if min(min(s["longpoll"], s["sync"]) for s in served) >= 0.90
+        else "**not met**",
+    }
 
 
 LINES_WAYS = ("a line each", "a line a group")
@@ -2994,6 +3068,56 @@ it fell seconds behind, the p50 is now {inline_p50_ms_200} ms ({threads_p50_ms_2
 lone request took {threads_total} ms from send to answer and takes {inline_total}; its submit's
 round trip did not get shorter ({threads_submit} and {inline_submit} ms; not looked into: its
 commit now runs on the loop's thread, where aiosqlite's thread ran it beside the loop's work).
+"""
+
+
+JOB = """
+#### A batch job beside it
+
+With its calls inline, SQLite's work for a batch job's rows runs on the loop the callers are
+answered from, where aiosqlite's threads ran it beside. A job of {lines} chat requests (OpenAI's
+batch API: the file, then the job; the same slot of the same model) and lone requests one at a
+time beside it, 0.2 s apart, until it ended: {rounds} alternating rounds ({machine};
+[frontdoor-embedded-job.json](frontdoor-embedded-job.json); `{command}`, the service of
+8ef257c run with `--service-path` set to its checkout), lowest-highest over the rounds:
+"""
+
+JOB_AFTER = """
+The job took {threads_job_s} s with aiosqlite's threads and {inline_job_s} s inline. A caller
+beside it (the job's batches hold the one slot; a lone request waits for the next batch) waited
+a p50 of {threads_lone_p50_ms} ms with the threads and {inline_lone_p50_ms} ms inline, about a
+millisecond more, and at the longest {threads_lone_max_ms} and {inline_lone_max_ms} ms: the
+job's statements on the loop's thread held the callers beside it up no longer than the
+threads' hand-overs did.
+"""
+
+EMBEDDED_GOALS = """
+### The goals, for the embedded mode
+
+The front door's rounds (`bench --scenario frontdoor`'s, the same three paths, load generator
+and checks) run against the embedded process, with the in-process baseline beside it:
+`{command}` ({machine}; [frontdoor-embedded-goals.json](frontdoor-embedded-goals.json)),
+{rounds} rounds at {rates}/s, 10 s a path and rate. CPU is the one process's (the baseline's
+its own).
+
+| goal | target | embedded, lowest-highest over the rounds | full stack ([frontdoor-today-head.json](frontdoor-today-head.json)) | verdict, embedded |
+| --- | --- | --- | --- | --- |
+| 1. latency over the baseline at 30 and 100/s, worst path (p50 / p99) | +10 / +30 ms | +{p50_gap} / +{p99_gap} ms | +{full_p50_gap} / +{full_p99_gap} ms | {goal_1} |
+| 2. served through HTTP, W=1 B=32, best rate (longpoll / sync), of 320/s | ≥ 0.90 | {served_longpoll} / {served_sync} (the baseline {served_baseline}) | {full_served} | {goal_2} |
+| 4. CPU a request at 100/s (longpoll / sync) | ≤ 1.0 ms | {cpu_longpoll} / {cpu_sync} ms | {full_cpu} ms | {goal_4} |
+"""
+
+EMBEDDED_GOALS_AFTER = """
+With its store inline, one process still answers later than the in-process baseline at 30 and
+100/s by more than goal 1 allows (+{p50_gap} ms at p50, the worst path of each round), as the
+full stack does (+{full_p50_gap}), and it serves less: at best {served_longpoll} of the ideal
+320/s on the long-poll path and {served_sync} on the synchronous one, where the full stack's
+processes served {full_served} on the same two cores. Every role's Python runs on one core
+there (the API's HTTP, the admission, the batcher, the runner, the store), one step after
+another on one event loop; each step of a request's path (the admission's transaction, the
+claim, the lease, the results' write, the long-poll's answer) is a SQLAlchemy transaction on
+SQLite. The embedded mode is for one machine's development and demos; the
+full stack is the deployment the goals are about.
 """
 
 

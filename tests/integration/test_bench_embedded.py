@@ -31,3 +31,14 @@ def test_a_short_round_answers_every_request_on_every_path_and_judges_the_goals(
         assert rows[path]["joined"] is None  # no batches' figures: SQLite, not the bench's
     judged = {(j["path"], j["offered_rps"]) for j in run["goals"]["latency"]}
     assert judged == {("longpoll", 20.0), ("sync", 20.0)}
+
+
+def test_a_job_beside_lone_requests_ends_with_every_line_and_the_callers_answered() -> None:
+    """No front door rates, a small batch job: it completes with every line, and the lone
+    requests made while it ran were answered (``lone_request`` raises otherwise)."""
+    run = bench_embedded.run_round([], 1.0, 6, seed=7, job_lines=40)
+    assert "results" not in run
+    job = run["job"]
+    assert job["status"] == "completed"
+    assert job["request_counts"] == {"total": 40, "completed": 40, "failed": 0}
+    assert job["lone_requests"] >= 1 and job["lone_max_ms"] >= job["lone_p50_ms"] >= 100.0

@@ -388,18 +388,27 @@ async def test_the_statement_pool_writes_results_as_the_engine_does(database_url
         await engine.dispose()
 
 
-@pytest.mark.parametrize("path", ["one statement", "transaction", "early members"])
+@pytest.mark.parametrize(
+    "path",
+    ["one statement", "transaction", "early members", "sqlite", "sqlite, early members"],
+)
 async def test_the_results_notification_carries_each_request_as_a_read_finds_it(
-    database_url: str, path: str
+    request: pytest.FixtureRequest, tmp_path: Path, path: str
 ) -> None:
     """On Postgres the statement that writes results returns its requests' rows, and the
     terminal notifications carry them (the long-polls answer from them, no read): equal to
     what a read returns, and on the wire too. So do a batch's results through the statements
     pool (one statement), through the engine (a transaction), and an engine model's sequences
-    finishing before the rest of their batch. A change with more output than one
-    notification carries goes without: each waiter reads its own."""
-    engine = create_engine(database_url, pool_size=2)
-    statements = Statements(database_url, size=2) if path == "one statement" else None
+    finishing before the rest of their batch; and on SQLite (the embedded mode), whose update
+    returns nothing, the transaction reads the requests it wrote back once. A change with more
+    output than one notification carries goes without: each waiter reads its own."""
+    if path.startswith("sqlite"):
+        url = f"sqlite+aiosqlite:///{tmp_path}/store.sqlite3"
+        upgrade(url)
+    else:
+        url = request.getfixturevalue("database_url")
+    engine = create_engine(url, pool_size=2)
+    statements = Statements(url, size=2) if path == "one statement" else None
     heard: list[StateChange] = []
 
     async def on_change(change: StateChange) -> None:
@@ -412,7 +421,7 @@ async def test_the_results_notification_carries_each_request_as_a_read_finds_it(
         start = await store.start_batch(batch_id, "w1", now, 2.0)
         assert start is not None and not isinstance(start, Reaped)
         heard.clear()
-        if path == "early members":
+        if path.endswith("early members"):
             written = await store.complete_items(batch_id, attempt=1, outcomes=outcomes, now=now)
             assert written is not None and set(written) == set(ids)
             return
