@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -108,7 +109,7 @@ def bench(args: list[str]) -> dict[str, Any]:
 def recorded_runs(script: str, runs: list[dict[str, Any]]) -> str:
     """A measuring script's JSON document: the command that ran it (``python scripts/NAME``
     and its arguments), the machine, and its runs."""
-    command = " ".join(["python", f"scripts/{script}", *sys.argv[1:]])
+    command = shlex.join(["python", f"scripts/{script}", *sys.argv[1:]])
     return json.dumps({"command": command, "machine": machine(), "runs": runs}, indent=1)
 
 

@@ -111,3 +111,15 @@ def test_the_seeds_run_is_what_the_findings_say() -> None:
     assert "against the in-process baseline's 986/s" in notes
     assert rows["longpoll"]["tcp"]["listen_overflows"] > 10_000
     assert rows["baseline"]["tcp"]["listen_overflows"] == 0
+
+
+def test_a_measuring_script_records_the_command_as_a_shell_would_run_it(
+    monkeypatch: Any,
+) -> None:
+    """An empty argument (``--rates ''``) and one with spaces stay what they were."""
+    argv = ["bench_embedded.py", "--rates", "", "--service-path", "/tmp/a b", "--json"]
+    monkeypatch.setattr(sys, "argv", argv)
+    recorded = json.loads(benchmarks_docs.recorded_runs("bench_embedded.py", [{"round": 1}]))
+    command = "python scripts/bench_embedded.py --rates '' --service-path '/tmp/a b' --json"
+    assert recorded["command"] == command
+    assert recorded["runs"] == [{"round": 1}] and recorded["machine"]["cores"]

@@ -716,15 +716,31 @@ class BatchVerbs(StoreBase):
         now_dt: Any,
     ) -> list[tuple[str, str, bool, RequestRecord | None]]:
         rows = [result_row(o, now_dt) for o in outcomes if o.result.request_id in live]
-        if rows:
-            await conn.execute(
-                moving(Cause.RESULT)
-                .where(requests_t.c.id == bindparam("b_id"), requests_t.c.batch_id == batch_id)
-                .values({name: bindparam(f"b_{name}") for name in RESULT_FIELDS}),
-                rows,
-            )
-        # Without RETURNING we don't know who has a webhook: the outbox query finds out.
-        return [(str(r["b_id"]), r["b_state"], True, None) for r in rows]
+        if not rows:
+            return []
+        await conn.execute(
+            moving(Cause.RESULT)
+            .where(requests_t.c.id == bindparam("b_id"), requests_t.c.batch_id == batch_id)
+            .values({name: bindparam(f"b_{name}") for name in RESULT_FIELDS}),
+            rows,
+        )
+        # The update returns nothing here: read the requests it wrote back whole, once for the
+        # batch, for their notification (each caller waiting on one is answered from it, not
+        # from a read of its own) and to know which asked for a webhook.
+        found = await conn.execute(
+            select(*RECORD_COLUMNS).where(requests_t.c.id.in_([r["b_id"] for r in rows]))
+        )
+        read = {str(r["id"]): r for r in found.mappings()}
+        written: list[tuple[str, str, bool, RequestRecord | None]] = []
+        for row in rows:
+            request_id = str(row["b_id"])
+            back = read.get(request_id)
+            if back is None:  # not expected: the transaction holds the database
+                written.append((request_id, row["b_state"], True, None))
+            else:
+                hooked = back["webhook_url"] is not None
+                written.append((request_id, back["state"], hooked, row_record(back)))
+        return written
 
     async def _lock_running(
         self, conn: AsyncConnection, batch_id: uuid.UUID, only: Sequence[str] | None = None
