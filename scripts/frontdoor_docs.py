@@ -869,6 +869,12 @@ def main() -> None:
         print(f"Round {run['round']}:\n")
         print(results_table(run) + "\n")
     print(EMBEDDED_GOALS_AFTER.format(**embedded_goals_verdict(goals, full)))
+    readback = load("frontdoor-embedded-readback.json")
+    verdict = readback_verdict(readback)
+    print(READBACK.format(**verdict))
+    print(readback_lone_table(readback) + "\n")
+    print(readback_rates_table(readback))
+    print(READBACK_AFTER.format(**verdict))
     print(EARLIER)
 
 
@@ -1281,6 +1287,66 @@ def job_verdict(doc: dict[str, Any]) -> dict[str, str]:
     return verdict
 
 
+READBACK_WAYS = ("read by each caller", "carried")
+READBACK_PATHS = ("longpoll", "sync")
+
+
+def _runs_of(doc: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The document with one kind of its runs (``lone_runs``, ``rate_runs``) as its runs."""
+    return {**doc, "runs": doc[kind]}
+
+
+def _rate_figure(rate: float, path: str, key: str) -> Read:
+    if key == "cpu":
+        return lambda run: float(sum(at(run, rate, path)["cpu_ms_per_request"].values()))
+    return lambda run: float(at(run, rate, path)[key])
+
+
+def readback_rate_rows() -> list[tuple[str, Read]]:
+    return [
+        (f"{rate:g}/s, {path}: {label}", _rate_figure(rate, path, key))
+        for rate in GOAL_RATES
+        for path in READBACK_PATHS
+        for key, label in (("p50_ms", "p50 ms"), ("p99_ms", "p99 ms"), ("cpu", "CPU ms a request"))
+    ]
+
+
+def readback_lone_rows() -> list[tuple[str, Read]]:
+    return [(f"a lone request: {label}, ms", lone_span(key)) for key, label in LONE_SPANS.items()]
+
+
+def readback_lone_table(doc: dict[str, Any]) -> str:
+    return ways_table(_runs_of(doc, "lone_runs"), READBACK_WAYS, readback_lone_rows())
+
+
+def readback_rates_table(doc: dict[str, Any]) -> str:
+    return ways_table(_runs_of(doc, "rate_runs"), READBACK_WAYS, readback_rate_rows())
+
+
+def readback_verdict(doc: dict[str, Any]) -> dict[str, str]:
+    rates = _runs_of(doc, "rate_runs")
+    lower = [
+        label for label, read in readback_rate_rows() if every_run_lower(rates, READBACK_WAYS, read)
+    ]
+    lone = _runs_of(doc, "lone_runs")
+    verdict = {
+        "lone_command": doc["commands"]["lone"],
+        "rates_command": doc["commands"]["rates"],
+        "machine": doc["machine_note"],
+        "old": doc["code"][READBACK_WAYS[0]],
+        "new": doc["code"][READBACK_WAYS[1]],
+        "lower": "; ".join(lower),
+        "others": "; ".join(label for label, _ in readback_rate_rows() if label not in lower),
+    }
+    for way, name in zip(READBACK_WAYS, ("read", "carried"), strict=True):
+        verdict[f"{name}_end"] = idle_spread(lone, way, lone_span("end_to_answer"))
+        for path in READBACK_PATHS:
+            for rate in GOAL_RATES:
+                read = _rate_figure(rate, path, "cpu")
+                verdict[f"{name}_cpu_{path}_{rate:.0f}"] = idle_spread(rates, way, read)
+    return verdict
+
+
 def embedded_goals_verdict(doc: dict[str, Any], full: dict[str, Any]) -> dict[str, str]:
     """Goals 1, 2 and 4 for the embedded mode, over the rounds, beside the full stack's run
     the page compares with."""
@@ -1292,6 +1358,7 @@ def embedded_goals_verdict(doc: dict[str, Any], full: dict[str, Any]) -> dict[st
     full_served = full["goals"]["served_vs_ideal"]
     return {
         "command": doc["command"],
+        "code": doc["code"],
         "machine": f"{machine['cpu']}, {machine['cores']} cores, {machine['when'][:10]}",
         "rounds": str(len(runs)),
         "rates": ", ".join(
@@ -3091,12 +3158,38 @@ job's statements on the loop's thread held the callers beside it up no longer th
 threads' hand-overs did.
 """
 
+READBACK = """
+### The embedded mode: a waiting caller answered from the results' notification
+
+On Postgres the statement that writes a batch's results returns its requests, and their
+notification carries them: each caller waiting on one (a long-poll, a synchronous route) is
+answered from it. SQLite's update returns nothing, so there every waiting caller read its own
+request in a transaction of its own. Now the results' transaction reads the requests it wrote
+back, once for the batch, and the notification carries them; knowing which asked for a
+webhook, it queues deliveries only for those. Test:
+`tests/integration/test_store.py::test_the_results_notification_carries_each_request_as_a_read_finds_it`
+(SQLite's batch write and early members beside Postgres' three statements). {old} against
+{new} ({machine}; [frontdoor-embedded-readback.json](frontdoor-embedded-readback.json)), lone
+requests in 3 alternating rounds (`{lone_command}`) and the front door's paths at 30 and 100/s
+in 2 (`{rates_command}`), lowest-highest over the rounds:
+"""
+
+READBACK_AFTER = """
+Every run with the requests carried came out below every run where each caller read its own
+in these figures: {lower}. Not in: {others}. The embedded process's CPU a request at 30/s went
+from {read_cpu_longpoll_30} to {carried_cpu_longpoll_30} ms on the long-poll path and from
+{read_cpu_sync_30} to {carried_cpu_sync_30} ms on the synchronous one; at 100/s from
+{read_cpu_longpoll_100} to {carried_cpu_longpoll_100} and from {read_cpu_sync_100} to
+{carried_cpu_sync_100} ms. A lone request's end of batch to its answer: {read_end} ms, now
+{carried_end} (the rounds overlap).
+"""
+
 EMBEDDED_GOALS = """
 ### The goals, for the embedded mode
 
 The front door's rounds (`bench --scenario frontdoor`'s, the same three paths, load generator
-and checks) run against the embedded process, with the in-process baseline beside it:
-`{command}` ({machine}; [frontdoor-embedded-goals.json](frontdoor-embedded-goals.json)),
+and checks) run against the embedded process ({code}: its store inline, before the next
+section's change), with the in-process baseline beside it: `{command}` ({machine}; [frontdoor-embedded-goals.json](frontdoor-embedded-goals.json)),
 {rounds} rounds at {rates}/s, 10 s a path and rate. CPU is the one process's (the baseline's
 its own).
 
