@@ -3219,8 +3219,9 @@ EARLIER = """
 
 1. **The synchronous routes read a request once.** They watch it before admitting it, so its
    end cannot come unheard, and the one read is the one its end triggers; a watch begun after
-   admission read it once more to be sure
-   (`test_a_synchronous_completion_reads_its_request_once`).
+   admission read it once more to be sure. Since the results' notification carries the
+   requests (on Postgres, then on SQLite: the section above), not even that one
+   (`tests/unit/test_stack_stepped.py::test_a_synchronous_completion_is_answered_from_its_end_without_a_read`).
 2. **The API's Postgres pool is fixed.** At 100/s, py-spy on the API showed 6 % of its samples
    opening and closing Postgres connections: the pool kept 10 and opened up to 10 more whenever
    more were in use at once, closing each as it came back. The API now keeps a fixed pool of 10

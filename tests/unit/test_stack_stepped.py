@@ -202,9 +202,12 @@ async def test_a_backlog_on_one_slot_drains_in_full_batches_back_to_back(tmp_pat
     assert drained_s == pytest.approx(1.6, abs=0.001)
 
 
-async def test_a_synchronous_completion_reads_its_request_once(tmp_path: Path) -> None:
-    """Watched before it is admitted, a synchronous request is read once, when it ends: not
-    again after admission to make sure its end was not missed."""
+async def test_a_synchronous_completion_is_answered_from_its_end_without_a_read(
+    tmp_path: Path,
+) -> None:
+    """Watched before it is admitted, a synchronous request is answered when it ends, from the
+    notification of its end, which carries it (on SQLite too): not read after admission to
+    make sure its end was not missed, nor when it ends."""
     stepped = await _stack(tmp_path)
     store = stepped.stack.adapters.store
     reads: list[str] = []
@@ -228,7 +231,7 @@ async def test_a_synchronous_completion_reads_its_request_once(tmp_path: Path) -
         response = await asyncio.wait_for(answer, timeout=10)
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"] == "hello"
-    assert len(reads) == 1, reads
+    assert reads == []
 
 
 async def test_a_finished_request_shows_when_it_expires_and_is_deleted_then(
