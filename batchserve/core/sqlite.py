@@ -5,10 +5,11 @@ SQLAlchemy reaches SQLite asynchronously through aiosqlite, which runs every cal
 connection (a cursor, an execute, a fetch, a commit) on a thread of that connection's own and
 hands the answer back through the event loop: two thread switches a call, several calls a
 statement, dozens of statements a request. In the embedded mode, where every role shares one
-process, those hand-overs were most of a request's CPU and latency (a lone request 130 ms
-end to end for a 100 ms batch; at 100 requests a second a p50 of 418 ms,
-``scripts/bench_embedded.py``). SQLite's own work for one of these statements is a few
-microseconds to a few hundred: here each call runs where it is made, on the loop's thread,
+process, those hand-overs cost much of a request's CPU and its latency (at 100 requests a
+second a p50 of 596-907 ms for batches of 100 ms, 195-225 ms with the calls inline, the CPU a
+request 9.5-9.7 ms and 6.8-8.2: docs/frontdoor.md, "The embedded store on the loop's thread").
+SQLite's own work for one of these statements is a few microseconds to a few hundred: here
+each call runs where it is made, on the loop's thread,
 through aiosqlite's interface (:class:`InlineConnection`), and SQLAlchemy sees the same
 driver it always did.
 
@@ -51,8 +52,9 @@ class _RunNow:
         try:
             result = function()
         except BaseException as error:
-            if future is not None:
-                future.set_exception(error)
+            if future is None:  # nobody waits for it: the caller hears at once
+                raise
+            future.set_exception(error)
         else:
             if future is not None:
                 future.set_result(result)

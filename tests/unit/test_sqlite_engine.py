@@ -133,3 +133,17 @@ def test_one_engine_serves_one_event_loop_after_another(tmp_path: Path) -> None:
     assert asyncio.run(count()) == 1
     assert asyncio.run(count()) == 2  # a lock of the first loop's would refuse this one
     asyncio.run(engine.dispose())
+
+
+async def test_a_call_nobody_waits_for_still_fails_where_it_is_made() -> None:
+    """What aiosqlite would queue for its thread runs at once: its answer or error goes to the
+    future that waits for it, and without one an error is raised, not dropped."""
+    run_now = sqlite._RunNow()
+    waiting: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    run_now.put_nowait((waiting, lambda: 7))
+    assert waiting.result() == 7
+    failing: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    run_now.put_nowait((failing, lambda: 1 // 0))
+    assert isinstance(failing.exception(), ZeroDivisionError)
+    with pytest.raises(ZeroDivisionError):
+        run_now.put_nowait((None, lambda: 1 // 0))
