@@ -283,15 +283,35 @@ async def test_a_worker_host_with_a_skewed_clock_serves_without_a_reap(
     assert latency < MAX_LATENCY_SKEW_S
 
 
+async def traffic_until(
+    stack: HostStack, stop: asyncio.Event, at_least_s: float, seed: int
+) -> list[str]:
+    """Open-loop traffic a second at a time, for ``at_least_s`` and until ``stop`` is set: the
+    ids accepted. A fault that must wait for a batch on a host (a kill that landed between two
+    batches restarts the host's worker and tries again) has traffic to find one in."""
+    accepted: list[str] = []
+    started = time.monotonic()
+    second = 0
+    while not stop.is_set() or time.monotonic() - started < at_least_s:
+        accepted += await traffic(stack, RATE, 1.0, seed=seed * 1000 + second)
+        second += 1
+    return accepted
+
+
 async def test_a_worker_host_killed_mid_batch_the_other_serves_the_rest(
     stack: HostStack,
 ) -> None:
     deploy(stack)
-    load = asyncio.create_task(traffic(stack, RATE, 12.0, seed=53))
-    await asyncio.sleep(2.0)
-    hit = await asyncio.to_thread(strike, stack, "c", "kill")
-    assert stack.hosts.pids("c") == []
-    accepted = await load
+    stop = asyncio.Event()
+    load = asyncio.create_task(traffic_until(stack, stop, 12.0, seed=53))
+    try:
+        await asyncio.sleep(2.0)
+        hit = await asyncio.to_thread(strike, stack, "c", "kill")
+        assert stack.hosts.pids("c") == []
+        await asyncio.sleep(6.0)  # traffic after the kill, for host d alone to serve
+    finally:
+        stop.set()
+        accepted = await load
     report = exactly_once(stack, accepted)
     assert_clean(report, accepted)
     outcomes = db_rows(stack, "SELECT outcome FROM batches WHERE id::text = ANY(:b)", b=hit.batches)
