@@ -17,6 +17,7 @@ from batchserve.api.services import ApiServices
 from batchserve.batching.batcher import ModelBatcher
 from batchserve.cli.roles import batcher_config, job_driver, maintenance_config
 from batchserve.cli.served import redacted
+from batchserve.core import loops
 from batchserve.core.clock import deployment_time
 from batchserve.core.logs import get_logger
 from batchserve.core.migrate import upgrade
@@ -178,6 +179,9 @@ async def run_embedded(settings: Settings, host: str, port: int) -> None:
     stack = EmbeddedStack(settings)
     await stack.start()
     app = create_app(settings, services=stack.api)
+    # As every role does: what start-up made (the models, the app) out of every collection, and
+    # the youngest generation collected at the roles' threshold (batchserve/core/loops.py).
+    loops.tune_gc()
     log.info(
         "embedded_ready",
         url=f"http://{host}:{port}",

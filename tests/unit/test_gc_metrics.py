@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,3 +55,35 @@ def test_the_api_runs_with_its_start_up_frozen_and_a_higher_young_threshold(
         gc.set_threshold(*threshold)
     assert seen["threshold"] == loops.GC_YOUNG_THRESHOLD == 10_000
     assert isinstance(seen["frozen"], int) and seen["frozen"] > 10_000  # the imports, at least
+
+
+async def test_the_embedded_mode_serves_with_its_start_up_frozen_and_the_roles_threshold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``batchserve serve`` with no servers tunes its one process's collector as every role
+    does, once its stack and app are made: at CPython's defaults its passes traversed every
+    model and module it had loaded."""
+    from batchserve.cli import embedded
+    from batchserve.core import loops
+    from batchserve.core.settings import Settings
+
+    registry = tmp_path / "models.toml"
+    registry.write_text('[models.echo-gc]\nbackend = "fixed"\nbatch_time_ms = 100\n')
+    settings = Settings(
+        database_url=None, broker_url=None, redis_url=None, home=tmp_path, models=registry
+    )
+    seen: dict[str, int] = {}
+
+    async def serve(*_: Any, **__: Any) -> None:
+        seen["threshold"] = gc.get_threshold()[0]
+        seen["frozen"] = gc.get_freeze_count()
+
+    monkeypatch.setattr(embedded, "serve_api", serve)
+    threshold = gc.get_threshold()
+    try:
+        await embedded.run_embedded(settings, "127.0.0.1", 0)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
+    assert seen["threshold"] == loops.GC_YOUNG_THRESHOLD
+    assert seen["frozen"] > 10_000  # the imports, at least
