@@ -1238,18 +1238,25 @@ def every_run_lower(doc: dict[str, Any], ways: tuple[str, str], read: Read) -> b
     return max(values[second]) < min(values[first])
 
 
-def inline_verdict(doc: dict[str, Any]) -> dict[str, str]:
-    lower = [label for label, read in inline_rows() if every_run_lower(doc, INLINE_WAYS, read)]
-    others = [label for label, _ in inline_rows() if label not in lower]
-    verdict = {
-        "command": doc["command"],
+def ab_findings(
+    doc: dict[str, Any], ways: tuple[str, str], rows: list[tuple[str, Read]]
+) -> dict[str, str]:
+    """What an alternating A/B's sections say alike: the machine, each way's code, the rounds,
+    and the figures of ``rows`` every run of the second way had below every run of the first
+    (``lower``) and those it had not (``others``)."""
+    lower = [label for label, read in rows if every_run_lower(doc, ways, read)]
+    return {
         "machine": doc["machine_note"],
-        "old": doc["code"][INLINE_WAYS[0]],
-        "new": doc["code"][INLINE_WAYS[1]],
-        "rounds": str(sum(1 for run in doc["runs"] if run["way"] == INLINE_WAYS[1])),
-        "lower": "; ".join(lower),
-        "others": "; ".join(others) if others else "none",
+        "old": doc["code"][ways[0]],
+        "new": doc["code"][ways[1]],
+        "rounds": str(sum(1 for run in doc["runs"] if run["way"] == ways[1])),
+        "lower": "; ".join(lower) or "none",
+        "others": "; ".join(label for label, _ in rows if label not in lower) or "none",
     }
+
+
+def inline_verdict(doc: dict[str, Any]) -> dict[str, str]:
+    verdict = {"command": doc["command"], **ab_findings(doc, INLINE_WAYS, inline_rows())}
     for way, name in zip(INLINE_WAYS, ("threads", "inline"), strict=True):
         for key in LONE_SPANS:
             verdict[f"{name}_{key}"] = idle_spread(doc, way, lone_span(key))
@@ -1328,16 +1335,7 @@ def embedded_gc_table(doc: dict[str, Any]) -> str:
 
 def embedded_gc_verdict(doc: dict[str, Any]) -> dict[str, str]:
     rows = rate_rows(EMBEDDED_GC_RATES)
-    lower = [label for label, read in rows if every_run_lower(doc, EMBEDDED_GC_WAYS, read)]
-    verdict = {
-        "command": doc["command"],
-        "machine": doc["machine_note"],
-        "old": doc["code"][EMBEDDED_GC_WAYS[0]],
-        "new": doc["code"][EMBEDDED_GC_WAYS[1]],
-        "rounds": str(sum(1 for run in doc["runs"] if run["way"] == EMBEDDED_GC_WAYS[1])),
-        "lower": "; ".join(lower) if lower else "none",
-        "others": "; ".join(label for label, _ in rows if label not in lower) or "none",
-    }
+    verdict = {"command": doc["command"], **ab_findings(doc, EMBEDDED_GC_WAYS, rows)}
     for way, name in zip(EMBEDDED_GC_WAYS, ("defaults", "tuned"), strict=True):
         for rate in EMBEDDED_GC_RATES:
             for path in READBACK_PATHS:
@@ -1361,18 +1359,11 @@ def readback_rates_table(doc: dict[str, Any]) -> str:
 
 def readback_verdict(doc: dict[str, Any]) -> dict[str, str]:
     rates = _runs_of(doc, "rate_runs")
-    lower = [
-        label for label, read in readback_rate_rows() if every_run_lower(rates, READBACK_WAYS, read)
-    ]
     lone = _runs_of(doc, "lone_runs")
     verdict = {
         "lone_command": doc["commands"]["lone"],
         "rates_command": doc["commands"]["rates"],
-        "machine": doc["machine_note"],
-        "old": doc["code"][READBACK_WAYS[0]],
-        "new": doc["code"][READBACK_WAYS[1]],
-        "lower": "; ".join(lower),
-        "others": "; ".join(label for label, _ in readback_rate_rows() if label not in lower),
+        **ab_findings(rates, READBACK_WAYS, readback_rate_rows()),
     }
     for way, name in zip(READBACK_WAYS, ("read", "carried"), strict=True):
         verdict[f"{name}_end"] = idle_spread(lone, way, lone_span("end_to_answer"))
