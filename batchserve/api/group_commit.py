@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Sequence
 
+from batchserve.api.joiners import JoinOffers
 from batchserve.core.broker import RequestQueue
 from batchserve.core.clock import deployment_time
 from batchserve.core.domain import QueueMessage, SubmitCommand
@@ -54,9 +55,11 @@ class Admitter:
         max_inflight_flushes: int = 4,
         mark_every_s: float = MARK_EVERY_S,
         faults: frozenset[str] = frozenset(),
+        joiners: JoinOffers | None = None,
     ) -> None:
         self._store = store
         self._queue = queue
+        self._joiners = joiners
         self._max_group = max_group
         self._flush_slots = asyncio.Semaphore(max_inflight_flushes)
         self._flushes: set[asyncio.Task[None]] = set()
@@ -71,6 +74,8 @@ class Admitter:
         self.broker_healthy = True
 
     def start(self) -> None:
+        if self._joiners is not None:
+            self._joiners.start()
         self._tasks = [
             asyncio.create_task(self._flush_forever()),
             asyncio.create_task(self._mark_published_forever()),
@@ -98,6 +103,8 @@ class Admitter:
         if self._published:
             with contextlib.suppress(Unavailable):
                 await self._store.mark_published_groups(self._published)
+        if self._joiners is not None:
+            await self._joiners.close()
 
     async def submit(self, command: SubmitCommand) -> Admission:
         key = None
@@ -160,7 +167,14 @@ class Admitter:
                 future.set_exception(outcome)
             else:
                 future.set_result(outcome)
-        await self._publish([o.message for o in new if o.message is not None])
+        messages = [o.message for o in new if o.message is not None]
+        if self._joiners is not None and messages:
+            # Before the publish: what joins a batch sent ahead says so in its message.
+            commands = {command.id: command for command, _ in group}
+            messages = await self._joiners.offer(
+                [(commands[o.record.id], o.message) for o in new if o.message is not None]
+            )
+        await self._publish(messages)
 
     async def _publish(self, messages: list[QueueMessage]) -> None:
         if not messages:

@@ -10,6 +10,7 @@ from datetime import datetime
 from batchserve.api.auth import KeyRing
 from batchserve.api.deadlines import RecentAdmissions
 from batchserve.api.group_commit import MARK_EVERY_S, Admitter
+from batchserve.api.joiners import JoinOffers
 from batchserve.api.quotas import Quotas
 from batchserve.api.waiters import Waiters
 from batchserve.core.clock import deployment_time
@@ -65,6 +66,7 @@ class ApiServices:
             # Well within the time after which maintenance publishes an unmarked request again.
             mark_every_s=min(MARK_EVERY_S, settings.republish_after_s / 10),
             faults=settings.fault_points,
+            joiners=JoinOffers(adapters.joins, adapters.events, clock),
         )
         waiters = Waiters(adapters.events)
         secrets = WebhookSecrets(

@@ -45,6 +45,7 @@ from batchserve.core.broker import Delivery, RequestQueue
 from batchserve.core.clock import deployment_time
 from batchserve.core.domain import (
     BatchClosed,
+    BatchJoinable,
     BatchMessage,
     BatchOutcome,
     Event,
@@ -89,7 +90,8 @@ class _Joinable:
     starts are offered to it (``batchserve/core/joins.py``)."""
 
     size: int  # as dispatched
-    room: int
+    capacity: int  # how many may join it, whoever offers them (its box refuses more)
+    room: int  # of that capacity, what this batcher may still offer (as far as it knows)
     tokens: int
     length_class: int
     ends_by: float  # its expected end: a joiner's deadline must allow it
@@ -264,9 +266,12 @@ class ModelBatcher(BatcherJobs):
                 group=message.group,
                 tenant=message.tenant,
             )
-            entry = self.pending[message.id] = _Entry(
-                pending, received_at, created_at=message.created_at
-            )
+            entry = _Entry(pending, received_at, created_at=message.created_at)
+            joined = self._joined_by_the_api(message, entry)
+            if joined is None:
+                self.pending[message.id] = entry
+            else:
+                entry = joined
             if fresh:
                 self.rate.observe(received_at)
             self._load_changes(received_at)
@@ -550,6 +555,8 @@ class ModelBatcher(BatcherJobs):
             )
         else:
             self._observe_dispatch(message)
+            if message.joinable:
+                self._announce_joinable(batch_id, estimated_s)
         free_after = (
             self.ledger.free().seqs if self.engine else self.slots.free_slots(self._clock())
         )
@@ -576,13 +583,51 @@ class ModelBatcher(BatcherJobs):
         self, batch: tuple[Pending, ...], claimed: list[ClaimedRequest], ends_at: float
     ) -> _Joinable:
         taken = {c.id for c in claimed}
+        room = self.policy.max_batch_size - len(claimed)
         return _Joinable(
             size=len(claimed),
-            room=self.policy.max_batch_size - len(claimed),
+            capacity=room,
+            room=room,
             tokens=sum(p.cost_tokens for p in batch if p.id in taken),
             length_class=length_class(batch[0].max_tokens, self.policy.length_edges),
             ends_by=ends_at,
         )
+
+    def _announce_joinable(self, batch_id: uuid.UUID, estimated_s: float) -> None:
+        """Tell the API processes that ``batch_id`` takes joiners, in the background: what
+        they admit from now on goes to its box at once (``BatchJoinable``)."""
+        joinable = self.joinable[batch_id]
+        edges, index = self.policy.length_edges, joinable.length_class
+        event = BatchJoinable(
+            model=self.spec.name,
+            batch_id=str(batch_id),
+            room=joinable.capacity,
+            starts_by=joinable.ends_by - estimated_s - self.config.dispatch_overhead_s,
+            ends_by=joinable.ends_by,
+            above=edges[index - 1] if index > 0 else 0,
+            upto=edges[index] if index < len(edges) else None,
+            budgeted=self.policy.max_batch_tokens is not None,
+        )
+        task = asyncio.create_task(self._events.publish(event))
+        self._offers.add(task)
+        task.add_done_callback(self._offers.discard)
+
+    def _joined_by_the_api(self, message: QueueMessage, entry: _Entry) -> _Entry | None:
+        """Settle a request the API offered to a batch (``message.joined``) with that batch,
+        as if this batcher had offered it: the entry it is held under there (a duplicate
+        delivery joins the first). ``None`` when that batch is not on the timeline here (it
+        left, or another batcher sent it): then it is batched as any other, and its claim
+        finds it where the worker put it."""
+        batch_id = uuid.UUID(message.joined) if message.joined else None
+        joinable = self.joinable.get(batch_id) if batch_id is not None else None
+        if batch_id is None or joinable is None or batch_id not in self.slots:
+            return None
+        if (held := joinable.offered.get(message.id)) is not None:
+            return held
+        joinable.offered[message.id] = entry
+        joinable.room -= 1
+        joinable.tokens += entry.pending.cost_tokens
+        return entry
 
     async def _offer_joiners(self) -> None:
         """Offer pending requests to the batches sent ahead that have room and have not
@@ -624,14 +669,16 @@ class ModelBatcher(BatcherJobs):
                 return
             joiners = [c.item(entries[c.id].received_at) for c in found]
             try:
-                accepted = await self._joins.offer(batch_id, joiners)
+                accepted = await self._joins.offer(batch_id, joiners, joinable.capacity)
             except Exception as error:  # maybe offered: settling reads what became of them
                 log.warning("join_offer_failed", batch_id=batch_id, error=error)
                 joinable.open, accepted = False, True
-            if not accepted:  # sealed: its model has started
+            if not accepted:  # sealed (its model has started) or full (the API offered too)
                 joinable.open = False
                 metrics().batch_joins_refused.labels(self.spec.name).inc(len(joiners))
                 self._take_back(joinable, entries)
+            else:
+                metrics().batch_joins_offered.labels(self.spec.name, "batcher").inc(len(joiners))
             # Accepted, or no longer queued (cancelled, expired): settled with the batch.
         finally:
             joinable.offering -= 1

@@ -104,9 +104,12 @@ class QueueMessage:
     prompt_tokens: int
     max_tokens: int
     group: str | None = None
+    # The batch whose join box the API offered it to as it was admitted (``BatchJoinable``):
+    # the batcher settles it with that batch instead of batching it.
+    joined: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "id": self.id,
             "model": self.model,
             "lane": self.lane.value,
@@ -117,6 +120,9 @@ class QueueMessage:
             "max_tokens": self.max_tokens,
             "group": self.group,
         }
+        if self.joined is not None:
+            data["joined"] = self.joined
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QueueMessage:
@@ -130,6 +136,7 @@ class QueueMessage:
             prompt_tokens=int(data["prompt_tokens"]),
             max_tokens=int(data["max_tokens"]),
             group=data.get("group"),
+            joined=data.get("joined"),
         )
 
     def encode(self) -> bytes:
@@ -370,6 +377,47 @@ class BatchClosed:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchJoinable:
+    """Published when a batch is sent behind a running one with room: until its model starts,
+    the API may offer it the requests it admits (``batchserve/core/joins.py``), those that
+    fit: ``max_tokens`` in (``above``, ``upto``], a deadline that allows ``ends_by``, and
+    only while the batch has no token budget to keep."""
+
+    model: str
+    batch_id: str
+    room: int  # the box's capacity: the most that may join, whoever offers them
+    starts_by: float  # its slot's running batch is expected to end by then
+    ends_by: float
+    above: int = 0
+    upto: int | None = None
+    budgeted: bool = False
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "type": "joinable",
+            "model": self.model,
+            "batch_id": self.batch_id,
+            "room": self.room,
+            "starts_by": self.starts_by,
+            "ends_by": self.ends_by,
+            "above": self.above,
+            "upto": self.upto,
+            "budgeted": self.budgeted,
+        }
+
+    def takes(self, message: QueueMessage) -> bool:
+        """Whether ``message`` may join this batch (as the batcher's own joiners must)."""
+        return (
+            not self.budgeted
+            and message.group is None
+            and message.model == self.model
+            and message.deadline >= self.ends_by
+            and self.above < message.max_tokens
+            and (self.upto is None or message.max_tokens <= self.upto)
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class SequencesFreed:
     """Published by an engine worker when sequences of a batch leave its engine (finished,
     cancelled or expired): the batcher may fill their room at once."""
@@ -410,7 +458,7 @@ class KeyRevoked:
         return {"type": "key_revoked", "key_id": self.key_id}
 
 
-Event = StateChange | BatchClosed | SequencesFreed | JobChanged | KeyRevoked
+Event = StateChange | BatchClosed | BatchJoinable | SequencesFreed | JobChanged | KeyRevoked
 
 
 class DeliveryStatus(StrEnum):
@@ -486,6 +534,17 @@ def decode_event(body: bytes | str) -> Event:
     if data["type"] == "freed":
         return SequencesFreed(
             model=data["model"], batch_id=data["batch_id"], request_ids=tuple(data["ids"])
+        )
+    if data["type"] == "joinable":
+        return BatchJoinable(
+            model=data["model"],
+            batch_id=data["batch_id"],
+            room=int(data["room"]),
+            starts_by=float(data["starts_by"]),
+            ends_by=float(data["ends_by"]),
+            above=int(data["above"]),
+            upto=data["upto"],
+            budgeted=bool(data["budgeted"]),
         )
     if data["type"] == "batch":
         return BatchClosed(

@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 
 from batchserve.core.domain import (
     BatchClosed,
+    BatchJoinable,
     Event,
     JobChanged,
     KeyRevoked,
@@ -37,9 +38,11 @@ Handler = Callable[[Event], None]
 # long-polls, the webhook relay), slots freed (batch ends, an engine's sequences leaving it:
 # the batcher), cancellations (also state changes of requests, heard on their own by the
 # workers, which stop generating for them), bulk jobs created and cancelled (the job driver),
-# API keys revoked (every API replica).
+# API keys revoked (every API replica), batches sent ahead that requests may still join (every
+# API replica, which offers them what it admits).
 REQUESTS = "requests"
 SLOTS = "slots"
+JOINS = "joins"
 CANCELS = "cancels"
 JOBS = "jobs"
 KEYS = "keys"
@@ -51,6 +54,8 @@ def event_topics(event: Event) -> tuple[str, ...]:
         return (JOBS,)
     if isinstance(event, KeyRevoked):
         return (KEYS,)
+    if isinstance(event, BatchJoinable):
+        return (JOINS,)
     if isinstance(event, BatchClosed | SequencesFreed):
         return (SLOTS,)
     if isinstance(event, StateChange) and event.state is RequestState.CANCELLED:

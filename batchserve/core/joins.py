@@ -10,6 +10,13 @@ moment its slot frees, takes what was offered and runs it with the rest at once,
 claims those still queued into the batch (one statement, fenced by the batch's attempt); its
 results write waits for that claim and keeps only the answers of those it claimed.
 
+The API offers too: the batcher announces each joinable batch (``BatchJoinable``, with the
+box's capacity), and the API puts a request it has just admitted in the box at once, a Redis
+round trip after its commit, where the batcher's offer waited for the broker's delivery and a
+read of the request's inputs (docs/frontdoor.md). Its message then names the batch, and the
+batcher settles it with that batch as if it had offered it. Whoever offers, the box holds no
+more than its capacity: an offer that would pass it is refused whole, as a sealed box refuses.
+
 The box decides nothing; Postgres does. A request the worker claimed is the batch's (its
 lease, its reaping, its results); one it did not (cancelled meanwhile, the worker died first,
 the box sealed before the offer) is still ``queued`` and the batcher, which holds its broker
@@ -40,10 +47,13 @@ from batchserve.core.domain import BatchItem
 # How long a box outlives its last offer or its seal: far past any batch's start.
 JOIN_TTL_S = 600.0
 
-# KEYS: the box, its seal. ARGV: ttl ms, then the ids. 1: offered; 0: sealed already.
+# KEYS: the box, its seal. ARGV: ttl ms, capacity (-1: none), then the joiners. 1: offered;
+# 0: sealed already, or the box would hold more than its capacity.
 _OFFER = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-redis.call('RPUSH', KEYS[1], unpack(ARGV, 2))
+local capacity = tonumber(ARGV[2])
+if capacity >= 0 and redis.call('LLEN', KEYS[1]) + #ARGV - 2 > capacity then return 0 end
+redis.call('RPUSH', KEYS[1], unpack(ARGV, 3))
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return 1
 """
@@ -69,11 +79,26 @@ def _decode(raw: bytes | str) -> BatchItem:
     return BatchItem(**orjson.loads(raw))
 
 
+def _once_each(offered: Sequence[BatchItem]) -> list[BatchItem]:
+    """What a box held, each request once (the API and the batcher may both have offered one,
+    a batcher that took over not knowing the API's offer)."""
+    seen: set[str] = set()
+    once = []
+    for item in offered:
+        if item.request_id not in seen:
+            seen.add(item.request_id)
+            once.append(item)
+    return once
+
+
 class JoinBox(ABC):
     @abstractmethod
-    async def offer(self, batch_id: uuid.UUID, joiners: Sequence[BatchItem]) -> bool:
+    async def offer(
+        self, batch_id: uuid.UUID, joiners: Sequence[BatchItem], capacity: int | None = None
+    ) -> bool:
         """Offer ``joiners`` (as the worker will run them) to a batch whose model has not
-        started: ``False`` once it has (the box is sealed), and then none of them is offered."""
+        started: ``False`` once it has (the box is sealed), or when the box would then hold
+        more than ``capacity``, and then none of them is offered."""
 
     @abstractmethod
     async def take(self, batch_id: uuid.UUID) -> list[BatchItem]:
@@ -115,11 +140,16 @@ class MemoryJoinBox(JoinBox):
                     break
                 del held[first]
 
-    async def offer(self, batch_id: uuid.UUID, joiners: Sequence[BatchItem]) -> bool:
+    async def offer(
+        self, batch_id: uuid.UUID, joiners: Sequence[BatchItem], capacity: int | None = None
+    ) -> bool:
         with self._lock:
             now = self._clock()
             self._forget_old(now)
             if batch_id in self._sealed:
+                return False
+            held = self._offered.get(batch_id, (0.0, []))[1]
+            if capacity is not None and len(held) + len(joiners) > capacity:
                 return False
             _, offered = self._offered.pop(batch_id, (0.0, []))
             self._offered[batch_id] = (now + self._ttl_s, [*offered, *joiners])
@@ -134,7 +164,7 @@ class MemoryJoinBox(JoinBox):
             self._forget_old(now)
             self._sealed.pop(batch_id, None)
             self._sealed[batch_id] = now + self._ttl_s
-            return self._offered.pop(batch_id, (0.0, []))[1]
+            return _once_each(self._offered.pop(batch_id, (0.0, []))[1])
 
 
 class RedisJoinBox(JoinBox):
@@ -152,22 +182,25 @@ class RedisJoinBox(JoinBox):
         box = f"{self._prefix}.join.{batch_id}"
         return [box, f"{box}.sealed"]
 
-    async def offer(self, batch_id: uuid.UUID, joiners: Sequence[BatchItem]) -> bool:
+    async def offer(
+        self, batch_id: uuid.UUID, joiners: Sequence[BatchItem], capacity: int | None = None
+    ) -> bool:
         if not joiners:
             return True
-        args: list[bytes | str] = [self._ttl_ms, *(_encode(j) for j in joiners)]
+        limit = str(-1 if capacity is None else capacity)
+        args: list[bytes | str] = [self._ttl_ms, limit, *(_encode(j) for j in joiners)]
         return bool(await self._offer(keys=self._keys(batch_id), args=args))
 
     async def take(self, batch_id: uuid.UUID) -> list[BatchItem]:
         offered = await self._take(keys=self._keys(batch_id), args=[self._ttl_ms])
-        return [_decode(raw) for raw in offered]
+        return _once_each([_decode(raw) for raw in offered])
 
     def take_blocking(self, batch_id: uuid.UUID) -> list[BatchItem]:
         if self._blocking is None:
             client = redis.Redis.from_url(self._url, **_TIMEOUTS)
             self._blocking = (client, client.register_script(_TAKE))
         offered = self._blocking[1](keys=self._keys(batch_id), args=[self._ttl_ms])
-        return [_decode(raw) for raw in offered]
+        return _once_each([_decode(raw) for raw in offered])
 
     async def close(self) -> None:
         await self._redis.aclose()

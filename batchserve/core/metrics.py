@@ -68,6 +68,7 @@ class Metrics:
     batches_dispatched: Counter
     batch_joiners: Counter
     batch_joins_refused: Counter
+    batch_joins_offered: Counter
     batches_finished: Counter
     webhook_deliveries: Counter
     batch_size: Histogram
@@ -126,8 +127,13 @@ def metrics() -> Metrics:
         ),
         batch_joins_refused=Counter(
             "batchserve_batch_joins_refused_total",
-            "Offers of late joiners refused: the batch's model had started",
+            "Offers of late joiners refused: the batch's model had started, or it was full",
             ["model"],
+        ),
+        batch_joins_offered=Counter(
+            "batchserve_batch_joins_offered_total",
+            "Late joiners put in a batch's join box, by who offered them (api, batcher)",
+            ["model", "by"],
         ),
         batches_finished=Counter(
             "batchserve_batches_finished_total",

@@ -133,8 +133,8 @@ _COMMAND_FIELDS = [
 COMMAND_COLUMNS = [column for _, column in _COMMAND_FIELDS] + list(_ADMITTED)
 # What a RequestRecord is read from.
 RECORD_COLUMNS = _columns(RequestRecord, {}, skip="timings") + _columns(Timings, {})
-# What a QueueMessage is read from, its id first.
-MESSAGE_COLUMNS = _columns(QueueMessage, _MESSAGE_RENAMED)
+# What a QueueMessage is read from, its id first (``joined`` is the API's word, never stored).
+MESSAGE_COLUMNS = _columns(QueueMessage, _MESSAGE_RENAMED, skip="joined")
 JSON_COLUMNS = frozenset(c.name for c in requests_t.c if isinstance(c.type, JSON))
 
 

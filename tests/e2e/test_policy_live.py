@@ -124,3 +124,10 @@ async def test_requests_that_arrive_within_the_lead_join_the_batch_sent_ahead(
     claimed = sum(int(n) for n in re.findall(r"batch_joined .*?joined=(\d+)", log))
     print(f"\n{len(joined)} of {len(ids)} requests joined a batch sent before they arrived")
     assert joined and claimed >= len(joined)
+    # The API put some of them in the box itself, as it admitted them (BatchJoinable).
+    metrics = (await http.get(f"{stack.ops_url}/metrics")).text
+    by_api = re.search(
+        rf'batchserve_batch_joins_offered_total\{{by="api",model="{ECHO}"\}} (\S+)', metrics
+    )
+    print(f"the API offered {by_api.group(1) if by_api else 0} of them")
+    assert by_api is not None and float(by_api.group(1)) > 0

@@ -45,6 +45,19 @@ async def test_offers_are_taken_once_and_refused_after_the_seal(box: JoinBox) ->
     assert await box.take(other) == [joiner("e", 5.0)]
 
 
+async def test_a_box_refuses_an_offer_past_its_capacity_whole_and_gives_each_request_once(
+    box: JoinBox,
+) -> None:
+    """The batcher and the API both offer to a box, each up to its capacity: an offer that
+    would pass it is refused whole, and a request offered by both is taken once."""
+    batch = uuid.uuid4()
+    assert await box.offer(batch, [joiner("a", 1.0)], capacity=2)
+    assert not await box.offer(batch, [joiner("b", 2.0), joiner("c", 2.0)], capacity=2)
+    assert await box.offer(batch, [joiner("a", 3.0)], capacity=2)
+    assert not await box.offer(batch, [joiner("d", 4.0)], capacity=2)
+    assert await box.take(batch) == [joiner("a", 1.0)]
+
+
 @pytest.mark.parametrize("sealed_from", ["loop", "thread"])
 async def test_every_offer_is_either_taken_or_refused_when_they_race_the_seal(
     box: JoinBox, sealed_from: str

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from batchserve.api.group_commit import Admitter
+from batchserve.api.joiners import JoinOffers
 from batchserve.batching.batcher import BatcherConfig, ModelBatcher
 from batchserve.core.broker import Delivery, MemoryRequestQueue
 from batchserve.core.domain import (
@@ -33,12 +35,12 @@ from batchserve.core.events import MemoryEventBus
 from batchserve.core.joins import MemoryJoinBox
 from batchserve.core.loadboard import MemoryLoadBoard
 from batchserve.core.slots import MemorySlotDirectory
-from batchserve.core.store import JobStore
+from batchserve.core.store import Admission, JobStore
 from batchserve.core.tables import batches_table as batches_t
 from batchserve.models.base import Backend, OnResult
 from batchserve.models.registry import ModelSpec
 from batchserve.workers.runner import BatchRunner, RunOutput
-from tests.support.stepped import Clock, sqlite_store, submit
+from tests.support.stepped import Clock, command, sqlite_store, submit
 
 ECHO = ModelSpec(name="echo", backend="fixed", batch_time_ms=100, max_batch_size=4)
 
@@ -100,8 +102,26 @@ class Rig:
             joins=self.joins,
         )
 
+        self.api = JoinOffers(self.joins, self.events, self.clock)
+        self.api.start()
+
     async def dispatch(self, message: BatchMessage, time_limit_s: float | None) -> None:
         self.sent.append(message)
+
+    async def admit(self, count: int) -> list[QueueMessage]:
+        """Requests admitted by the API as its group commit does: committed, offered to an
+        open box, their messages (naming the batch they joined) delivered to the batcher."""
+        commands = [command(f"a{n}", model=ECHO.name, now=self.clock()) for n in range(count)]
+        outcomes = await self.store.submit(commands)
+        admitted = [
+            (c, o.message)
+            for c, o in zip(commands, outcomes, strict=True)
+            if isinstance(o, Admission) and o.message is not None
+        ]
+        messages = await self.api.offer(admitted)
+        for message in messages:
+            await self.batcher.on_message(message, _Delivery(message.id, self.acks))
+        return messages
 
     async def arrive(self, count: int) -> list[str]:
         ids = await submit(
@@ -149,6 +169,18 @@ class Rig:
             BatchClosed(model=ECHO.name, batch_id=message.batch_id, outcome=outcome)
         )
 
+    async def both_ended(
+        self, running: BatchMessage, behind: BatchMessage, joiners: list[str]
+    ) -> None:
+        """Both batches end: the one behind's members, its joiners with them, succeeded, each
+        joiner's delivery acked once."""
+        self.closed(running)
+        self.closed(behind)
+        await self.decide()
+        states = await self.states([behind.items[0].request_id, *joiners])
+        assert set(states.values()) == {RequestState.SUCCEEDED}
+        assert all(self.acks[r] == 1 for r in joiners)
+
     async def states(self, ids: list[str]) -> dict[str, RequestState]:
         return await self.store.states_of(ids)
 
@@ -192,12 +224,7 @@ async def test_requests_that_arrive_before_a_sent_batch_starts_ride_in_it(
     await rig.decide()
     assert list(rig.batcher.pending) == late
 
-    rig.closed(running)
-    rig.closed(behind)
-    await rig.decide()
-    states = await rig.states([behind.items[0].request_id, *joiners])
-    assert set(states.values()) == {RequestState.SUCCEEDED}
-    assert all(rig.acks[r] == 1 for r in joiners)
+    await rig.both_ended(running, behind, joiners)
     rig.clock.advance(0.2)
     await rig.decide()
     assert [i.request_id for i in rig.sent[-1].items] == late  # the latecomer's own batch
@@ -357,6 +384,153 @@ async def test_a_stale_attempt_claims_no_joiner(tmp_path: Path) -> None:
     claimed = await rig.store.join_batch(batch_id, attempt=1, model=ECHO.name, request_ids=joiners)
     assert claimed == []
     assert (await rig.states(joiners))[joiners[0]] is RequestState.QUEUED
+
+
+async def test_what_the_api_admits_while_a_batch_is_joinable_rides_in_it_offered_by_the_api(
+    tmp_path: Path,
+) -> None:
+    """The batcher announces the batch it sends behind the running one; the API offers what
+    it then admits to that batch's box itself, and the batcher, told so by the message,
+    neither batches nor offers it: it settles it with the batch, acked once claimed."""
+    rig = Rig(tmp_path)
+    await rig.batcher.start(background=False)
+    running, behind = await rig.send_behind()
+    read = rig.store.queued_inputs
+    reads: list[list[str]] = []
+
+    async def counted(request_ids: list[str]) -> object:
+        reads.append(list(request_ids))
+        return await read(request_ids)
+
+    rig.store.queued_inputs = counted  # type: ignore[method-assign,assignment]
+    messages = await rig.admit(2)
+    assert {m.joined for m in messages} == {behind.batch_id}
+    await rig.decide()
+    assert not rig.batcher.pending and reads == []  # the batcher offered nothing itself
+    joiners = [m.id for m in messages]
+
+    await run_in_a_thread(rig.runner, behind)
+    assert rig.backend.batches == [[behind.items[0].request_id, *joiners]]
+    assert all(rig.acks.get(r, 0) == 0 for r in joiners)  # held until the batch settles
+    await rig.both_ended(running, behind, joiners)
+    rig.clock.advance(0.2)
+    await rig.decide()
+    assert len(rig.sent) == 2  # nothing batched again
+
+
+async def test_the_api_offers_no_more_than_the_box_holds_and_nothing_once_it_is_sealed(
+    tmp_path: Path,
+) -> None:
+    """A batch of up to 4 sent with one member takes 3 joiners, whoever offers them: the
+    API's fourth goes through the batcher, which finds the box full; once the model has
+    started the API offers nothing, and every request still ends once, acked once."""
+    rig = Rig(tmp_path)
+    await rig.batcher.start(background=False)
+    running, behind = await rig.send_behind()
+    first = await rig.admit(4)
+    assert [m.joined for m in first] == [behind.batch_id] * 3 + [None]
+    await rig.decide()
+    assert list(rig.batcher.pending) == [first[3].id]  # refused as full: waits for a batch
+    await rig.runner.run(behind)
+    assert rig.backend.batches == [[behind.items[0].request_id, *(m.id for m in first[:3])]]
+    running_ids = await rig.admit(1)
+    sealed = await rig.admit(1)
+    assert running_ids[0].joined is None and sealed[0].joined is None
+
+    rig.closed(running)
+    rig.closed(behind)
+    await rig.decide()
+    rig.clock.advance(0.2)
+    await rig.decide()
+    rest = [first[3].id, running_ids[0].id, sealed[0].id]
+    assert sorted(i.request_id for i in rig.sent[-1].items) == sorted(rest)
+    await rig.runner.run(rig.sent[-1])
+    every = [behind.items[0].request_id, *(m.id for m in first), *rest[1:]]
+    assert set((await rig.states(every)).values()) == {RequestState.SUCCEEDED}
+    rig.closed(rig.sent[-1])
+    await rig.decide()
+    assert all(rig.acks[r] == 1 for r in [m.id for m in first] + rest[1:])
+
+
+async def test_an_api_offer_redis_may_have_lost_is_batched_again_if_still_queued(
+    tmp_path: Path,
+) -> None:
+    """The API's offer fails (Redis gone): its message still names the batch, and the batcher
+    reads once the batch has left where the request went: still queued, it batches it."""
+    rig = Rig(tmp_path)
+    await rig.batcher.start(background=False)
+    running, behind = await rig.send_behind()
+
+    async def unreachable(*args: object) -> bool:
+        raise ConnectionError("redis is gone")
+
+    offer = rig.joins.offer
+    rig.joins.offer = unreachable  # type: ignore[method-assign,assignment]
+    lost = await rig.admit(1)
+    rig.joins.offer = offer  # type: ignore[method-assign]
+    assert lost[0].joined == behind.batch_id
+    await rig.decide()
+    await rig.runner.run(behind)
+    assert rig.backend.batches == [[behind.items[0].request_id]]
+    rig.closed(running)
+    rig.closed(behind)
+    await rig.decide()
+    assert list(rig.batcher.pending) == [lost[0].id] and rig.acks.get(lost[0].id, 0) == 0
+    rig.clock.advance(0.2)
+    await rig.decide()
+    await rig.runner.run(rig.sent[-1])
+    assert (await rig.states([lost[0].id]))[lost[0].id] is RequestState.SUCCEEDED
+
+
+async def test_a_joined_message_late_for_its_batch_is_answered_once(tmp_path: Path) -> None:
+    """The message of a request the API put in a box reaches the batcher after that batch
+    has left its timeline: batched as any other, its claim finds it already answered."""
+    rig = Rig(tmp_path)
+    await rig.batcher.start(background=False)
+    running, behind = await rig.send_behind()
+    commands = [command("late", model=ECHO.name, now=rig.clock())]
+    outcomes = await rig.store.submit(commands)
+    assert isinstance(outcomes[0], Admission) and outcomes[0].message is not None
+    [message] = await rig.api.offer([(commands[0], outcomes[0].message)])
+    assert message.joined == behind.batch_id
+    await rig.runner.run(behind)
+    rig.closed(running)
+    rig.closed(behind)
+    await rig.decide()
+    await rig.batcher.on_message(message, _Delivery(message.id, rig.acks))  # only now
+    rig.clock.advance(0.2)
+    await rig.decide()
+    assert rig.backend.batches == [[behind.items[0].request_id, message.id]]
+    assert rig.acks[message.id] == 1
+    assert (await rig.states([message.id]))[message.id] is RequestState.SUCCEEDED
+
+
+async def test_the_group_commit_publishes_what_joined_a_batch_naming_it(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    await rig.batcher.start(background=False)
+    _, behind = await rig.send_behind()
+    queue = MemoryRequestQueue()
+    admitter = Admitter(rig.store, queue, joiners=rig.api)
+    admitter.start()
+    try:
+        admission = await admitter.submit(command("x", model=ECHO.name, now=rig.clock()))
+        heard: list[QueueMessage] = []
+
+        async def handler(message: QueueMessage, delivery: object) -> None:
+            heard.append(message)
+
+        await queue.consume(ECHO.name, Lane.INTERACTIVE, handler, prefetch=10)
+        for _ in range(100):
+            if heard:
+                break
+            await asyncio.sleep(0.01)
+        assert [(m.id, m.joined) for m in heard] == [(str(admission.record.id), behind.batch_id)]
+        assert [i.request_id for i in await rig.joins.take(uuid.UUID(behind.batch_id))] == [
+            str(admission.record.id)
+        ]
+    finally:
+        await admitter.stop()
+        await queue.close()
 
 
 async def test_the_memory_join_box_refuses_every_offer_once_sealed() -> None:
