@@ -76,35 +76,46 @@ class JoinOffers:
         now = self._clock()
         joined: dict[str, str] = {}
         for model in {message.model for message in messages}:
-            boxes = self._open_boxes(model, now)
-            if not boxes:
-                continue
-            box = boxes[0]
-            fit = [
-                (command, message)
-                for command, message in admitted
-                if message.model == model and box.batch.takes(message)
-            ][: box.batch.room - box.offered]
-            if not fit:
-                continue
-            joiners = [_item(command, message, now) for command, message in fit]
-            try:
-                accepted = await self._joins.offer(
-                    uuid.UUID(box.batch.batch_id), joiners, box.batch.room
-                )
-            except Exception as error:  # maybe offered: the batcher's settling finds out
-                log.warning("join_offer_failed", batch_id=box.batch.batch_id, error=error)
-                box.offered = box.batch.room  # offer it nothing more
-            else:
-                if not accepted:  # sealed (its model started) or full: the batcher takes them
-                    box.offered = box.batch.room
-                    continue
-                box.offered += len(fit)
-                metrics().batch_joins_offered.labels(model, "api").inc(len(fit))
-            joined.update((message.id, box.batch.batch_id) for _, message in fit)
+            # Those expected still to be waiting for their slot first, the soonest to start
+            # first; then those whose running batch may have overrun its estimate.
+            boxes = sorted(
+                self._open_boxes(model, now),
+                key=lambda b: (b.batch.starts_by < now, b.batch.starts_by),
+            )
+            for box in boxes:
+                fit = [
+                    (command, message)
+                    for command, message in admitted
+                    if message.model == model
+                    and message.id not in joined
+                    and box.batch.takes(message)
+                ][: box.batch.room - box.offered]
+                if fit and await self._offer(box, fit, now):
+                    joined.update((message.id, box.batch.batch_id) for _, message in fit)
         if not joined:
             return messages
         return [replace(m, joined=joined[m.id]) if m.id in joined else m for m in messages]
+
+    async def _offer(
+        self, box: _Box, fit: list[tuple[SubmitCommand, QueueMessage]], now: float
+    ) -> bool:
+        """Whether ``fit`` went into ``box``, or may have (Redis failing: the batcher's
+        settling finds out); a box that refused is offered nothing more."""
+        joiners = [_item(command, message, now) for command, message in fit]
+        try:
+            accepted = await self._joins.offer(
+                uuid.UUID(box.batch.batch_id), joiners, box.batch.room
+            )
+        except Exception as error:
+            log.warning("join_offer_failed", batch_id=box.batch.batch_id, error=error)
+            box.offered = box.batch.room
+            return True
+        if not accepted:  # sealed (its model started) or full: the batcher takes them
+            box.offered = box.batch.room
+            return False
+        box.offered += len(fit)
+        metrics().batch_joins_offered.labels(box.batch.model, "api").inc(len(fit))
+        return True
 
 
 def _item(command: SubmitCommand, message: QueueMessage, now: float) -> BatchItem:

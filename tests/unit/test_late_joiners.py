@@ -24,16 +24,19 @@ from batchserve.core.broker import Delivery, MemoryRequestQueue
 from batchserve.core.domain import (
     BatchClosed,
     BatchItem,
+    BatchJoinable,
     BatchMessage,
     BatchOutcome,
     ItemResult,
     Lane,
     QueueMessage,
     RequestState,
+    SubmitCommand,
 )
 from batchserve.core.events import MemoryEventBus
 from batchserve.core.joins import MemoryJoinBox
 from batchserve.core.loadboard import MemoryLoadBoard
+from batchserve.core.records import command_message
 from batchserve.core.slots import MemorySlotDirectory
 from batchserve.core.store import Admission, JobStore
 from batchserve.core.tables import batches_table as batches_t
@@ -503,6 +506,43 @@ async def test_a_joined_message_late_for_its_batch_is_answered_once(tmp_path: Pa
     assert rig.backend.batches == [[behind.items[0].request_id, message.id]]
     assert rig.acks[message.id] == 1
     assert (await rig.states([message.id]))[message.id] is RequestState.SUCCEEDED
+
+
+async def test_the_api_passes_a_sealed_box_for_the_next_one_that_takes_the_request() -> None:
+    """Boxes announced for a model are tried soonest-starting first; one that refuses (sealed)
+    is offered nothing more, and the request goes in the next one whose class it fits."""
+    clock, events, joins = Clock(now=1000.0), MemoryEventBus(), MemoryJoinBox()
+    api = JoinOffers(joins, events, clock)
+    api.start()
+    sealed, short, other = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    for batch, starts_by, upto in (
+        (sealed, 1000.01, None),
+        (short, 1000.02, 2),
+        (other, 1000.03, None),
+    ):
+        await events.publish(
+            BatchJoinable(
+                model=ECHO.name,
+                batch_id=str(batch),
+                room=3,
+                starts_by=starts_by,
+                ends_by=starts_by + 0.1,
+                upto=upto,
+            )
+        )
+    await joins.take(sealed)
+    [first] = await api.offer([queued("a", max_tokens=4)])
+    assert first.joined == str(other)  # not the sealed box, not the short-answers one
+    [second] = await api.offer([queued("b", max_tokens=4)])
+    assert second.joined == str(other)
+    assert [i.request_id for i in await joins.take(other)] == [first.id, second.id]
+    await api.close()
+
+
+def queued(text: str, *, max_tokens: int) -> tuple[SubmitCommand, QueueMessage]:
+    """A request as the group commit holds it once committed: its command and message."""
+    made = command(text, model=ECHO.name, now=1000.0, max_tokens=max_tokens)
+    return made, command_message(made)
 
 
 async def test_the_group_commit_publishes_what_joined_a_batch_naming_it(tmp_path: Path) -> None:
