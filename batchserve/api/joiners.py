@@ -59,13 +59,10 @@ class JoinOffers:
             self._open_boxes(event.model, self._clock()).append(_Box(event))
 
     def _open_boxes(self, model: str, now: float) -> list[_Box]:
-        """The model's boxes still open as far as this process knows: those whose batch is
-        not expected to have started, with room. One past its expected start is left to the
-        batcher: most such are sealed already, and an offer refused is a Redis round trip for
-        nothing (the expected start is the slot's end on the batcher's timeline, which counts
-        the running batch's whole dispatch overhead, so its model has mostly ended by then)."""
+        """The model's boxes still open as far as this process knows, oldest first (a batch
+        past its expected end has surely started)."""
         boxes = self._open.setdefault(model, [])
-        boxes[:] = [b for b in boxes if b.batch.starts_by > now and b.offered < b.batch.room]
+        boxes[:] = [b for b in boxes if b.batch.ends_by > now and b.offered < b.batch.room]
         return boxes
 
     async def offer(
@@ -79,8 +76,13 @@ class JoinOffers:
         now = self._clock()
         joined: dict[str, str] = {}
         for model in {message.model for message in messages}:
-            # The soonest to start first.
-            for box in sorted(self._open_boxes(model, now), key=lambda b: b.batch.starts_by):
+            # Those expected still to be waiting for their slot first, the soonest to start
+            # first; then those whose running batch may have overrun its estimate.
+            boxes = sorted(
+                self._open_boxes(model, now),
+                key=lambda b: (b.batch.starts_by < now, b.batch.starts_by),
+            )
+            for box in boxes:
                 fit = [
                     (command, message)
                     for command, message in admitted
