@@ -7,6 +7,7 @@ import re
 import statistics
 import subprocess
 import sys
+import uuid
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -1291,3 +1292,50 @@ def test_the_apis_offers_lowered_the_worst_p50_gap_in_every_run_and_left_goal_on
         f"at 30/s and from {verdict['old_mean_100']} to {verdict['new_mean_100']} ms at 100/s"
     )
     assert said in PROSE
+
+
+async def test_a_box_past_its_expected_start_was_left_alone_and_that_was_reverted() -> None:
+    """The "not kept" runs: with boxes past their batch's expected start skipped, the
+    long-poll p50 at 100/s was higher in every run and fewer requests joined late, as the page
+    says; and the API offers to such a box again (the revert)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import frontdoor_docs
+
+    from batchserve.api.joiners import JoinOffers
+    from batchserve.core.domain import BatchJoinable, Lane, QueueMessage
+    from batchserve.core.events import MemoryEventBus
+    from batchserve.core.joins import MemoryJoinBox
+    from tests.support.stepped import command
+
+    doc = _run("frontdoor-api-joins-skip-ab.json")
+    _every_caller_answered(doc)
+    lower = frontdoor_docs.join_lower(
+        doc, "offers", frontdoor_docs.SKIP_WAYS, frontdoor_docs.API_JOIN_FIGURES
+    )
+    assert "higher with skipped past its start: longpoll at 100/s" in lower["p50 over the baseline"]
+    verdict = frontdoor_docs.skip_verdict(doc)
+    assert int(verdict["new_late"].split("-")[1]) < int(verdict["old_late"].split("-")[0])
+    assert "Reverted: the API offers to a box until it refuses." in PROSE
+
+    events, joins, now = MemoryEventBus(), MemoryJoinBox(), [1000.0]
+    api = JoinOffers(joins, events, lambda: now[0])
+    api.start()
+    await events.publish(
+        BatchJoinable(
+            model="m", batch_id=str(uuid.uuid4()), room=4, starts_by=999.9, ends_by=1000.1
+        )
+    )
+    made = command("x", model="m", now=now[0])
+    message = QueueMessage(
+        id=str(made.id),
+        model="m",
+        lane=Lane.INTERACTIVE,
+        tenant="t1",
+        created_at=now[0],
+        deadline=now[0] + 600.0,
+        prompt_tokens=1,
+        max_tokens=4,
+    )
+    [offered] = await api.offer([(made, message)])
+    assert offered.joined is not None  # past its expected start, before its end: offered
+    await api.close()
