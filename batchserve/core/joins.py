@@ -148,10 +148,10 @@ class MemoryJoinBox(JoinBox):
             self._forget_old(now)
             if batch_id in self._sealed:
                 return False
-            held = self._offered.get(batch_id, (0.0, []))[1]
-            if capacity is not None and len(held) + len(joiners) > capacity:
+            _, offered = self._offered.get(batch_id, (0.0, []))
+            if capacity is not None and len(offered) + len(joiners) > capacity:
                 return False
-            _, offered = self._offered.pop(batch_id, (0.0, []))
+            self._offered.pop(batch_id, None)  # put back last: the boxes in order of expiry
             self._offered[batch_id] = (now + self._ttl_s, [*offered, *joiners])
             return True
 

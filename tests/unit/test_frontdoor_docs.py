@@ -1302,9 +1302,10 @@ async def test_a_box_past_its_expected_start_was_left_alone_and_that_was_reverte
     import frontdoor_docs
 
     from batchserve.api.joiners import JoinOffers
-    from batchserve.core.domain import BatchJoinable, Lane, QueueMessage
+    from batchserve.core.domain import BatchJoinable
     from batchserve.core.events import MemoryEventBus
     from batchserve.core.joins import MemoryJoinBox
+    from batchserve.core.records import command_message
     from tests.support.stepped import command
 
     doc = _run("frontdoor-api-joins-skip-ab.json")
@@ -1326,16 +1327,7 @@ async def test_a_box_past_its_expected_start_was_left_alone_and_that_was_reverte
         )
     )
     made = command("x", model="m", now=now[0])
-    message = QueueMessage(
-        id=str(made.id),
-        model="m",
-        lane=Lane.INTERACTIVE,
-        tenant="t1",
-        created_at=now[0],
-        deadline=now[0] + 600.0,
-        prompt_tokens=1,
-        max_tokens=4,
-    )
+    message = command_message(made)
     [offered] = await api.offer([(made, message)])
     assert offered.joined is not None  # past its expected start, before its end: offered
     await api.close()
