@@ -135,10 +135,8 @@ def test_roles_hear_signals_whichever_thread_started_the_template(tmp_path: Path
         server.close()
 
 
-_STUBBORN = (
-    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
-    " print('ready', flush=True); time.sleep(60)"
-)
+_READY = "import time; print('ready', flush=True); time.sleep(60)"
+_STUBBORN = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + _READY
 
 
 def test_terminate_asks_first_and_kills_what_does_not_listen() -> None:
@@ -159,6 +157,10 @@ def test_terminate_asks_first_and_kills_what_does_not_listen() -> None:
     terminate(polite, 10)  # already reaped: nothing to send, nothing raised
     assert polite.returncode == -signal.SIGTERM
 
-    interrupted = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # Signalled once its interpreter has started: a SIGINT that lands while it is still
+    # starting can be taken for an error of its start (exit 1) or lost.
+    interrupted = subprocess.Popen([sys.executable, "-c", _READY], stdout=subprocess.PIPE)
+    assert interrupted.stdout is not None and interrupted.stdout.readline() == b"ready\n"
     terminate(interrupted, 10, signal.SIGINT)
     assert interrupted.returncode == -signal.SIGINT  # it stopped by the signal asked for
+    interrupted.stdout.close()
