@@ -78,6 +78,7 @@ class Metrics:
     queue_wait: Histogram
     batch_wait: Histogram
     model_time: Histogram
+    results_store: Histogram
     latency: Histogram
     ttft: Histogram
     inter_token: Histogram
@@ -185,6 +186,12 @@ def metrics() -> Metrics:
             "Time of one batch on the model",
             ["model"],
             buckets=MODEL_BUCKETS_S,
+        ),
+        results_store=Histogram(
+            "batchserve_results_store_seconds",
+            "From a batch's model end until its results are committed and announced",
+            ["model"],
+            buckets=TOKEN_BUCKETS_S,
         ),
         latency=Histogram(
             "batchserve_request_latency_seconds",

@@ -386,7 +386,9 @@ class EngineRunner:
             metrics().batches_finished.labels(self.model, "stale").inc()
         else:
             metrics().batches_finished.labels(self.model, "succeeded").inc()
-            metrics().model_time.labels(self.model).observe(model_ms / 1000.0)
+            found = metrics()
+            found.model_time.labels(self.model).observe(model_ms / 1000.0)
+            found.results_store.labels(self.model).observe(max(0.0, self._clock() - now))
             observe_latency(self.model, outcomes)
             await self._republish(reaped)
         log.info(

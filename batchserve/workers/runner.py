@@ -216,6 +216,7 @@ class BatchRunner:
         found = metrics()
         found.batches_finished.labels(message.model, "succeeded").inc()
         found.model_time.labels(message.model).observe(model_ms / 1000.0)
+        found.results_store.labels(message.model).observe(max(0.0, self.clock() - finished))
         observe_latency(
             message.model, [o for o in outcomes if o.result.request_id not in written_early]
         )

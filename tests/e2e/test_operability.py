@@ -192,6 +192,8 @@ async def test_metrics_of_every_role_are_present_and_move_under_load(
     assert value(worker, "batchserve_model_seconds_count", model=ECHO) == batches
     mean_model_s = value(worker, "batchserve_model_seconds_sum") / batches
     assert 0.09 < mean_model_s < 0.5  # echo-100ms: every batch takes 100 ms
+    assert value(worker, "batchserve_results_store_seconds_count", model=ECHO) == batches
+    assert 0 < value(worker, "batchserve_results_store_seconds_sum", model=ECHO) / batches < 1
     assert value(worker, "batchserve_request_latency_seconds_count", model=ECHO) == finished
     assert value(worker, "batchserve_batches_finished_total", outcome="succeeded") == batches
     # Whichever process expired it (the batcher or maintenance), it counts once.

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from prometheus_client import REGISTRY
+
 from batchserve.core.db import create_engine
 from batchserve.core.domain import Lane, SubmitCommand, from_epoch
 from batchserve.core.ids import uuid7
@@ -192,3 +194,13 @@ def command(
         max_tokens=max_tokens,
         job_id=job_id,
     )
+
+
+def store_seconds(model: str) -> tuple[float, float]:
+    """``batchserve_results_store_seconds`` of ``model`` so far in this process: its count and
+    its sum."""
+    count, total = (
+        REGISTRY.get_sample_value(f"batchserve_results_store_seconds_{part}", {"model": model})
+        for part in ("count", "sum")
+    )
+    return (count or 0.0, total or 0.0)

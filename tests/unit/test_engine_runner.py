@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
@@ -22,7 +23,7 @@ from batchserve.core.store import JobStore
 from batchserve.core.tokenlog import LogEntry, MemoryTokenLog
 from batchserve.core.wiring import store_hook
 from batchserve.workers.engine_runner import EngineRunner, EngineRunnerConfig
-from tests.support.stepped import Clock, ScriptedEngine, sqlite_store, submit
+from tests.support.stepped import Clock, ScriptedEngine, sqlite_store, store_seconds, submit
 
 MODEL = "engine"
 
@@ -161,6 +162,24 @@ async def test_each_result_is_written_the_moment_its_sequence_leaves(rig: Rig) -
     assert await rig.store.open_batches(MODEL) == []  # closed when its last sequence left
     freed = [e for e in rig.heard if isinstance(e, SequencesFreed)]
     assert [list(e.request_ids) for e in freed] == [[short], [middle], [long]]
+
+
+async def test_the_time_to_store_a_batch_counts_from_its_last_sequence_leaving(
+    rig: Rig,
+) -> None:
+    message, _ = await rig.batch(["a b", "c d"], max_tokens=[2, 4])
+    await rig.runner.accept(message)
+    complete = rig.store.complete_batch
+
+    async def twenty_ms(*args: Any, **kwargs: Any) -> Any:
+        rig.clock.advance(0.02)  # the batch's write takes 20 ms
+        return await complete(*args, **kwargs)
+
+    rig.store.complete_batch = twenty_ms  # type: ignore[method-assign]
+    before = store_seconds(MODEL)
+    await rig.step(4)
+    assert await rig.store.open_batches(MODEL) == []
+    assert store_seconds(MODEL) == pytest.approx((before[0] + 1, before[1] + 0.02))
 
 
 async def test_a_running_request_past_its_deadline_is_expired_and_freed(rig: Rig) -> None:

@@ -43,7 +43,7 @@ from batchserve.core.tables import batches_table as batches_t
 from batchserve.models.base import Backend, OnResult
 from batchserve.models.registry import ModelSpec
 from batchserve.workers.runner import BatchRunner, RunOutput
-from tests.support.stepped import Clock, command, sqlite_store, submit
+from tests.support.stepped import Clock, command, sqlite_store, store_seconds, submit
 
 ECHO = ModelSpec(name="echo", backend="fixed", batch_time_ms=100, max_batch_size=4)
 
@@ -316,7 +316,8 @@ async def test_the_model_time_stored_ends_with_the_model_not_with_the_hand_over(
     tmp_path: Path,
 ) -> None:
     """A pool process hands the finished batch to its event loop: the batch's ``model_ms`` and
-    its requests' ``finished_at`` are the model's end, not the moment the loop got to it."""
+    its requests' ``finished_at`` are the model's end, not the moment the loop got to it; the
+    time to store its results counts from the model's end too."""
     rig = Rig(tmp_path)
     await rig.batcher.start(background=False)
     await rig.arrive(1)
@@ -333,7 +334,9 @@ async def test_the_model_time_stored_ends_with_the_model_not_with_the_hand_over(
     output = await asyncio.to_thread(batch.run_model)
     ended = rig.clock()
     rig.clock.advance(0.05)  # the loop busy elsewhere before it concludes
+    stored = store_seconds(message.model)
     await batch.conclude(output)
+    assert store_seconds(message.model) == pytest.approx((stored[0] + 1, stored[1] + 0.05))
     query = select(batches_t.c.model_ms, batches_t.c.finished_at).where(
         batches_t.c.id == uuid.UUID(message.batch_id)
     )
