@@ -385,8 +385,8 @@ class EngineRunner:
             log.warning("batch_result_discarded", batch_id=batch.batch_id, note="lease lost")
             metrics().batches_finished.labels(self.model, "stale").inc()
         else:
-            metrics().batches_finished.labels(self.model, "succeeded").inc()
             found = metrics()
+            found.batches_finished.labels(self.model, "succeeded").inc()
             found.model_time.labels(self.model).observe(model_ms / 1000.0)
             found.results_store.labels(self.model).observe(max(0.0, self._clock() - now))
             observe_latency(self.model, outcomes)
