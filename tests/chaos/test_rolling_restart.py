@@ -20,7 +20,7 @@ from batchserve.testing.deployment import Stack, free_port
 from tests.chaos.conftest import exactly_once
 from tests.conftest import registered_test_models
 from tests.support import keys
-from tests.support.live import db_rows, wait_terminal
+from tests.support.live import db_rows, stacks_of, wait_terminal
 
 ECHO = "echo-100ms"
 RATE_PER_S = 60.0
@@ -111,8 +111,12 @@ def terminate(stack: Stack, name: str, timeout_s: float = 30.0) -> float:
     try:
         code = role.process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        stacks = stacks_of(role.pid)  # what it is stuck on (seen once: a worker's warm stop)
         stack.kill(name)
-        raise AssertionError(f"{name} did not stop within {timeout_s}s of SIGTERM") from None
+        raise AssertionError(
+            f"{name} did not stop within {timeout_s}s of SIGTERM; its log ends:\n"
+            f"{stack.logs(name)[-2000:]}\nits threads:\n{stacks}"
+        ) from None
     assert code in (0, -signal.SIGTERM), f"{name} exited {code}:\n{stack.logs(name)[-3000:]}"
     if marker:
         assert stack.logs(name).count(marker) == before + 1, f"{name}: no graceful stop"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -121,3 +123,20 @@ def tree_cpu_s(pid: int) -> float:
         except OSError:
             continue  # gone meanwhile
     return total
+
+
+def stacks_of(pid: int, *, timeout_s: float = 30.0) -> str:
+    """Every thread's Python stack in a process and its children (``py-spy dump``), for the
+    message of a test that found it stuck: what a hang was waiting on, before it is killed."""
+    spy = Path(sys.executable).with_name("py-spy")
+    try:
+        dumped = subprocess.run(
+            [str(spy), "dump", "--pid", str(pid), "--subprocesses"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"(no stacks: {error})"
+    return (dumped.stdout or dumped.stderr)[-8000:]
