@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import socket
@@ -10,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import billiard.pool
 from celery import signals
 
 from batchserve.core.clock import follow_database
@@ -32,6 +34,24 @@ from batchserve.workers.runtime import RuntimeHolder
 from batchserve.workers.slot_gate import SlotGate
 
 log = get_logger("batchserve.worker")
+
+
+# How long a pool process told to stop waits for the worker's main process to have read the
+# results it sent. billiard waits up to 30 s (300 x 0.1 s), and one wait never ends early:
+# Celery's warm shutdown drops from its books a task it has written to a pool process but whose
+# acknowledgement it has not read yet (for the broker to deliver again), and never reads that
+# task's result, so a worker told to stop just as it handed out a batch took 31 s to exit, past
+# a deployment's 30 s grace period. The batch's results are in Postgres by then, and the
+# message delivered again finds its batch finished (``batch_skipped``); a result read late is
+# still read (it stays in the pipe). tests/chaos/test_workers.py forces that moment.
+POOL_EXIT_WAIT_S = 5.0
+
+
+def bound_pool_exit_wait(seconds: float = POOL_EXIT_WAIT_S) -> None:
+    """Bound billiard's wait (a module global it reads at each process's exit: set before the
+    pool forks)."""
+    interval = billiard.pool.GUARANTEE_MESSAGE_CONSUMPTION_RETRY_INTERVAL
+    billiard.pool.GUARANTEE_MESSAGE_CONSUMPTION_RETRY_LIMIT = math.ceil(seconds / interval)
 
 
 def _run_batch(payload: dict[str, Any]) -> None:
@@ -159,6 +179,7 @@ def run_worker(settings: Settings, spec: ModelSpec, *, slots: int, loglevel: str
     # The slot heartbeat (this process) and the pool (forked from it) keep time on the
     # deployment's clock; each pool process syncs again as it connects.
     follow_database(settings.effective_database_url)
+    bound_pool_exit_wait()
     app = create_celery(settings, [spec.name])
     app.task(name=RUN_BATCH_TASK, acks_late=True)(_run_batch)
     RuntimeHolder.settings = settings

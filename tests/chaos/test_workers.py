@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
+from pathlib import Path
 
 import httpx
 
@@ -15,6 +17,8 @@ from tests.chaos.conftest import exactly_once, submit_many, wait_for_running_bat
 from tests.support.live import db_rows, wait_terminal
 
 SLOW = "echo-slow"  # 1 s batches: time to kill a worker in the middle of one
+ECHO = "echo-100ms"
+LATE_POOL_ACK = Path(__file__).parents[1] / "support" / "late_pool_ack"
 
 
 def start(stack: Stack, *workers: str) -> None:
@@ -84,4 +88,42 @@ async def test_a_worker_frozen_past_its_lease_is_reaped_and_its_late_write_disca
     assert all(r["batch_id"] != running for r in results.values())
     time.sleep(1.5)  # the frozen worker woke up and tried to write its stale results
     assert "batch_result_discarded" in stack.logs(frozen) or "batch_skipped" in stack.logs(frozen)
+    exactly_once(stack, ids)
+
+
+def batch_ids(log: str, event: str) -> set[str]:
+    return set(re.findall(rf"{event} batch_id=(\S+)", log))
+
+
+async def test_a_worker_stopped_as_it_hands_out_a_batch_exits_at_once_and_the_batch_runs_once(
+    stack: Stack, http: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    # The worker is told to stop (SIGTERM) between writing a batch to a pool process and reading
+    # that process's acknowledgement (tests/support/late_pool_ack): its warm shutdown drops the
+    # batch from its books for the broker to deliver again, yet the pool process runs it. billiard
+    # then had the process wait 30 s for its result to be read, which never happens: the worker
+    # took 31 s to stop (seen once in a CI run's rolling restart). Now it waits a few seconds.
+    mark = tmp_path / "stopped-at"
+    stack.start("batcher", "batcher")
+    stack.start("maintenance", "maintenance")
+    stack.start_api()
+    env = {"PYTHONPATH": str(LATE_POOL_ACK), "BATCHSERVE_TEST_STOP_MARK": str(mark)}
+    stopping = stack.start("stopping", "worker", "--model", ECHO, "--slots", "1", env=env)
+    stack.wait_slots(ECHO, 1)
+    ids = await submit_many(http, ECHO, [f"r{i}" for i in range(40)])
+    assert stopping.process is not None
+    code = stopping.process.wait(timeout=90)
+    stopped_s = time.time() - float(mark.read_text())
+    log = stack.logs("stopping")
+    assert code == 0, log[-3000:]
+    assert "worker_draining" in log
+    print(f"stopped {stopped_s:.1f} s after its SIGTERM")
+    assert stopped_s < 15.0, f"stopped {stopped_s:.1f} s after its SIGTERM:\n{log[-3000:]}"
+    # The batch it had handed out ran there; delivered again to the next worker, it was found
+    # finished and skipped (so the moment above did happen). Every request ended once.
+    stack.start("worker", "worker", "--model", ECHO, "--slots", "1")
+    results = await wait_terminal(http, ids, timeout_s=90)
+    assert all(r["status"] == "succeeded" for r in results.values())
+    skipped = batch_ids(stack.logs("worker"), "batch_skipped")
+    assert skipped & batch_ids(log, "batch_done"), (skipped, log[-3000:])
     exactly_once(stack, ids)
