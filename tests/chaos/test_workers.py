@@ -118,7 +118,9 @@ async def test_a_worker_stopped_as_it_hands_out_a_batch_exits_at_once_and_the_ba
     assert code == 0, log[-3000:]
     assert "worker_draining" in log
     print(f"stopped {stopped_s:.1f} s after its SIGTERM")
-    assert stopped_s < 15.0, f"stopped {stopped_s:.1f} s after its SIGTERM:\n{log[-3000:]}"
+    # 7 s of it are fixed (the late acknowledgement 1 s, the bound 5 s, billiard's last 1 s),
+    # the rest is the stop's own work on a loaded machine; without the bound it is over 31 s.
+    assert stopped_s < 20.0, f"stopped {stopped_s:.1f} s after its SIGTERM:\n{log[-3000:]}"
     # The batch it had handed out ran there; delivered again to the next worker, it was found
     # finished and skipped (so the moment above did happen). Every request ended once.
     stack.start("worker", "worker", "--model", ECHO, "--slots", "1")
