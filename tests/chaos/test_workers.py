@@ -13,11 +13,10 @@ import httpx
 
 from batchserve.testing.deployment import Stack
 from batchserve.testing.faults import freeze
-from tests.chaos.conftest import exactly_once, submit_many, wait_for_running_batch
+from tests.chaos.conftest import ECHO, exactly_once, submit_many, wait_for_running_batch
 from tests.support.live import db_rows, wait_terminal
 
 SLOW = "echo-slow"  # 1 s batches: time to kill a worker in the middle of one
-ECHO = "echo-100ms"
 LATE_POOL_ACK = Path(__file__).parents[1] / "support" / "late_pool_ack"
 
 
