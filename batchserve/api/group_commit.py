@@ -13,6 +13,7 @@ import contextlib
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from batchserve.api.joiners import JoinOffers
 from batchserve.core.broker import RequestQueue
@@ -142,16 +143,37 @@ class Admitter:
     async def _flush_released(self, group: Sequence[_Waiting]) -> None:
         try:
             await self._flush(group)
+        except Exception as error:  # a bug: its callers hear it rather than wait for ever
+            log.exception("admission_failed", count=len(group))
+            for _, future in group:
+                if not future.done():
+                    future.set_exception(error)
         finally:
             self._flush_slots.release()
 
     async def _flush(self, group: Sequence[_Waiting]) -> None:
+        commands = [command for command, _ in group]
+        offering = self._offer(commands)
         try:
-            outcomes = await self._store.submit([command for command, _ in group])
+            await self._admit(group, commands, offering)
+        finally:
+            if offering is not None and not offering.done():
+                offering.cancel()  # this flush was cancelled: nothing is published
+
+    async def _admit(
+        self,
+        group: Sequence[_Waiting],
+        commands: list[SubmitCommand],
+        offering: asyncio.Task[dict[str, str]] | None,
+    ) -> None:
+        try:
+            outcomes = await self._store.submit(commands)
         except Exception as error:  # the database refused the whole group: each caller hears it
             for _, future in group:
                 if not future.done():
                     future.set_exception(error)
+            if offering is not None:
+                await offering  # what it offered is never claimed: no answer is kept
             return
         if "exit_after_commit" in self._faults:
             os._exit(3)  # test fault: die between commit and publish
@@ -168,13 +190,18 @@ class Admitter:
             else:
                 future.set_result(outcome)
         messages = [o.message for o in new if o.message is not None]
-        if self._joiners is not None and messages:
-            # Before the publish: what joins a batch sent ahead says so in its message.
-            commands = {command.id: command for command, _ in group}
-            messages = await self._joiners.offer(
-                [(commands[o.record.id], o.message) for o in new if o.message is not None]
-            )
+        if offering is not None:
+            # What joined a batch sent ahead says so in its message.
+            joined = await offering
+            messages = [replace(m, joined=joined[m.id]) if m.id in joined else m for m in messages]
         await self._publish(messages)
+
+    def _offer(self, commands: list[SubmitCommand]) -> asyncio.Task[dict[str, str]] | None:
+        """The group offered to the batches that take late joiners, while it commits
+        (``batchserve/api/joiners.py``); None when no such batch is open."""
+        if self._joiners is None or not self._joiners.any_open():
+            return None
+        return asyncio.create_task(self._joiners.offer(commands))
 
     async def _publish(self, messages: list[QueueMessage]) -> None:
         if not messages:

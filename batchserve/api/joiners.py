@@ -4,18 +4,25 @@ to that batch's join box at once (``batchserve/core/joins.py``).
 The batcher announces each batch it sends behind a running one with room
 (``BatchJoinable``); a request admitted before that batch's model starts rides in it if it
 reaches the box first. Through the batcher it gets there after the broker's delivery, the
-batcher's wake-up and a read of its inputs; from here, one Redis round trip after its commit.
-Its message then names the batch, and the batcher settles it with that batch (acked once
-Postgres says the worker claimed it, batched again if it is still queued). Whatever happens
-here only decides how soon a request runs, never whether: an offer refused (the box sealed or
-full) or unsure (Redis failing) leaves the request to the batcher.
+batcher's wake-up and a read of its inputs; from here, one Redis round trip, sent with its
+commit. Its message then names the batch, and the batcher settles it with that batch (acked
+once Postgres says the worker claimed it, batched again if it is still queued). Whatever
+happens here only decides how soon a request runs, never whether: an offer refused (the box
+sealed or full) or unsure (Redis failing) leaves the request to the batcher.
+
+The offer goes out with the group's commit, not after it (``Admitter``): the race to a box
+about to be sealed is shorter by the commit's round trip. The worker keeps only the answers of
+the joiners its claim finds queued in Postgres, so a request offered whose commit comes after
+that claim waits for a batch more, and one that is never committed (the group's transaction
+failed, or the submit repeated an earlier one's ``Idempotency-Key``) runs in the batch and its
+answer is thrown away: it costs a place in the batch, never an answer.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from batchserve.core.clock import deployment_time
 from batchserve.core.domain import BatchItem, BatchJoinable, Event, QueueMessage, SubmitCommand
@@ -23,6 +30,7 @@ from batchserve.core.events import JOINS, EventBus, Subscription
 from batchserve.core.joins import JoinBox
 from batchserve.core.logs import get_logger
 from batchserve.core.metrics import metrics
+from batchserve.core.records import command_message
 from batchserve.core.store import ClaimedRequest
 
 log = get_logger("batchserve.api")
@@ -65,17 +73,19 @@ class JoinOffers:
         boxes[:] = [b for b in boxes if b.batch.ends_by > now and b.offered < b.batch.room]
         return boxes
 
-    async def offer(
-        self, admitted: Sequence[tuple[SubmitCommand, QueueMessage]]
-    ) -> list[QueueMessage]:
-        """Offer what was just admitted (committed) to the open boxes of its models: the
-        messages to publish, each offered one naming its batch."""
-        messages = [message for _, message in admitted]
-        if not self._open:
-            return messages
-        now = self._clock()
+    def any_open(self) -> bool:
+        """Whether a box may be open: without one an offer has nothing to do."""
+        return any(self._open.values())
+
+    async def offer(self, commands: Sequence[SubmitCommand]) -> dict[str, str]:
+        """Offer requests being admitted to the open boxes of their models: the batch each
+        offered one went to, by request id."""
         joined: dict[str, str] = {}
-        for model in {message.model for message in messages}:
+        if not self.any_open():
+            return joined
+        now = self._clock()
+        admitted = [(command, command_message(command)) for command in commands]
+        for model in {command.model for command in commands}:
             # Those expected still to be waiting for their slot first, the soonest to start
             # first; then those whose running batch may have overrun its estimate.
             boxes = sorted(
@@ -92,9 +102,7 @@ class JoinOffers:
                 ][: box.batch.room - box.offered]
                 if fit and await self._offer(box, fit, now):
                     joined.update((message.id, box.batch.batch_id) for _, message in fit)
-        if not joined:
-            return messages
-        return [replace(m, joined=joined[m.id]) if m.id in joined else m for m in messages]
+        return joined
 
     async def _offer(
         self, box: _Box, fit: list[tuple[SubmitCommand, QueueMessage]], now: float

@@ -129,6 +129,26 @@ _SLOT_IDLE = (
     " SELECT extract(epoch FROM began - before) FROM b WHERE started_at < before"
 )
 
+# One slot: the requests that came before the batch ahead of theirs started its model, with
+# room in it, and still waited for the next one (the in-process baseline puts each in the
+# batch that starts after it comes); and by how long, p50, each came before that start. Both
+# clocks are the deployment's (``batchserve/core/clock.py``). Each one waits a batch more:
+# at a rate below one batch's room, each percent of them is about a millisecond of p50.
+_MISSED = (
+    "WITH b AS (SELECT id, finished_at - model_ms * interval '1 millisecond' AS began"
+    " FROM batches WHERE outcome = 'succeeded' AND dispatched_at >= to_timestamp(%(start)s)"
+    " AND dispatched_at < to_timestamp(%(end)s)),"
+    " sized AS (SELECT b.id, b.began, (SELECT count(*) FROM requests m WHERE m.batch_id = b.id)"
+    " AS size FROM b),"
+    " o AS (SELECT id, lag(began) OVER (ORDER BY began) AS ahead,"
+    " lag(size) OVER (ORDER BY began) AS ahead_size FROM sized),"
+    " r AS (SELECT r.created_at, o.ahead, o.ahead_size FROM requests r JOIN o ON o.id = r.batch_id"
+    " WHERE r.created_at >= to_timestamp(%(start)s) AND r.created_at < to_timestamp(%(end)s))"
+    " SELECT count(*) FILTER (WHERE created_at < ahead AND ahead_size < %(room)s), count(*),"
+    " percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM ahead - created_at))"
+    " FILTER (WHERE created_at < ahead AND ahead_size < %(room)s) FROM r"
+)
+
 
 async def run_frontdoor(deployment: BenchDeployment, plan: FrontDoorPlan) -> dict[str, Any]:
     baseline = Baseline(deployment.log_dir, plan.variant, plan.workers)
@@ -213,7 +233,7 @@ async def _round(
         on_accepted=long_poll if path == "longpoll" else None,
     )
     after, servers_after, tcp_after = cpu(), server_cpu_s(), tcp_counters()
-    joined, slot_idle = None, None
+    joined, slot_idle, missed = None, None, None
     if path != "baseline" and batches is not None:
         found = await asyncio.to_thread(batches.query, _JOINED, (started, time.time()))
         joined = {"late": int(found[0][0]), "of": int(found[0][1])}
@@ -221,6 +241,9 @@ async def _round(
             found = await asyncio.to_thread(batches.query, _SLOT_IDLE, (started, time.time()))
             gaps = [float(g[0]) for g in found]
             slot_idle = {**summary_ms(gaps), "batches": len(gaps)} if gaps else None
+            missed = await asyncio.to_thread(
+                missed_batches, batches, started, time.time(), plan.variant.max_batch_size
+            )
     latencies: list[float] = []
     finished: list[float] = []
     wrong = 0
@@ -265,6 +288,18 @@ async def _round(
         "joined": joined,
         # One slot: idle between back-to-back batches (model end to the next one's start).
         "slot_idle_ms": slot_idle,
+        # One slot: requests that waited a batch more than the baseline would have (_MISSED).
+        "missed": missed,
+    }
+
+
+def missed_batches(batches: BenchDeployment, start: float, end: float, room: int) -> dict[str, Any]:
+    """:data:`_MISSED` over the requests that came between ``start`` and ``end``."""
+    [(count, of, by_s)] = batches.query(_MISSED, {"start": start, "end": end, "room": room})
+    return {
+        "count": int(count),
+        "of": int(of),
+        "by_ms_p50": None if by_s is None else round(float(by_s) * 1000.0, 2),
     }
 
 

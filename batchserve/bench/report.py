@@ -192,6 +192,16 @@ def render_frontdoor(doc: dict[str, Any], console: Console) -> None:
     console.print(table)
     served = ", ".join(f"{k} {v:.3f}" for k, v in doc["goals"]["served_vs_ideal"].items())
     console.print(f"best served/s against the ideal: {served}")
+    missed = [
+        f"{r['path']} at {r['offered_rps']:g}/s {r['missed']['count']} of {r['missed']['of']}"
+        for r in doc["results"]
+        if r.get("missed")
+    ]
+    if missed:
+        console.print(
+            "came before the batch ahead of theirs started, with room, and waited for the next: "
+            + ", ".join(missed)
+        )
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any], Console], None]] = {

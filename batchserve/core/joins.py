@@ -11,9 +11,11 @@ claims those still queued into the batch (one statement, fenced by the batch's a
 results write waits for that claim and keeps only the answers of those it claimed.
 
 The API offers too: the batcher announces each joinable batch (``BatchJoinable``, with the
-box's capacity), and the API puts a request it has just admitted in the box at once, a Redis
-round trip after its commit, where the batcher's offer waited for the broker's delivery and a
-read of the request's inputs (docs/frontdoor.md). Its message then names the batch, and the
+box's capacity), and the API puts a request it is admitting in the box at once, the offer
+sent as its commit is (a request offered but never committed is run and its answer thrown
+away: the worker's claim finds no row of it), where the batcher's offer waited for the
+broker's delivery and a read of the request's inputs (docs/frontdoor.md). Its message, once
+committed, then names the batch, and the
 batcher settles it with that batch as if it had offered it. Whoever offers, the box holds no
 more than its capacity: an offer that would pass it is refused whole, as a sealed box refuses.
 

@@ -232,8 +232,14 @@ def test_frontdoor_answers_every_caller_on_each_path_beside_the_baseline(
             # back to back in so short a round).
             idle = row["slot_idle_ms"]
             assert idle is None or (idle["batches"] >= 1 and 0 <= idle["p50_ms"] < 100), row
+            # One slot: of the round's requests, those that waited a batch more than the
+            # baseline's would have (each came at most a batch before the one it missed).
+            missed = row["missed"]
+            assert 0 <= missed["count"] <= missed["of"] == row["sent"], row
+            assert missed["count"] == 0 or 0 < missed["by_ms_p50"] < 110, row
         else:
             assert row["joined"] is None and row["slot_idle_ms"] is None
+            assert row["missed"] is None
         # The kernel's counters over the round (the host's): its callers' connections at least.
         assert set(row["tcp"]) == {"accepted", "listen_overflows", "resets"}, row
         assert row["tcp"]["accepted"] >= 1, row

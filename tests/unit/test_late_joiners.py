@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -33,10 +35,10 @@ from batchserve.core.domain import (
     RequestState,
     SubmitCommand,
 )
+from batchserve.core.errors import Unavailable
 from batchserve.core.events import MemoryEventBus
 from batchserve.core.joins import MemoryJoinBox
 from batchserve.core.loadboard import MemoryLoadBoard
-from batchserve.core.records import command_message
 from batchserve.core.slots import MemorySlotDirectory
 from batchserve.core.store import Admission, JobStore
 from batchserve.core.tables import batches_table as batches_t
@@ -112,16 +114,17 @@ class Rig:
         self.sent.append(message)
 
     async def admit(self, count: int) -> list[QueueMessage]:
-        """Requests admitted by the API as its group commit does: committed, offered to an
-        open box, their messages (naming the batch they joined) delivered to the batcher."""
+        """Requests admitted by the API as its group commit does: offered to an open box as
+        they commit (here the offer first), their messages (naming the batch they joined)
+        delivered to the batcher."""
         commands = [command(f"a{n}", model=ECHO.name, now=self.clock()) for n in range(count)]
+        joined = await self.api.offer(commands)
         outcomes = await self.store.submit(commands)
-        admitted = [
-            (c, o.message)
-            for c, o in zip(commands, outcomes, strict=True)
+        messages = [
+            replace(o.message, joined=joined.get(o.message.id))
+            for o in outcomes
             if isinstance(o, Admission) and o.message is not None
         ]
-        messages = await self.api.offer(admitted)
         for message in messages:
             await self.batcher.on_message(message, _Delivery(message.id, self.acks))
         return messages
@@ -495,9 +498,10 @@ async def test_a_joined_message_late_for_its_batch_is_answered_once(tmp_path: Pa
     await rig.batcher.start(background=False)
     running, behind = await rig.send_behind()
     commands = [command("late", model=ECHO.name, now=rig.clock())]
+    joined = await rig.api.offer(commands)
     outcomes = await rig.store.submit(commands)
     assert isinstance(outcomes[0], Admission) and outcomes[0].message is not None
-    [message] = await rig.api.offer([(commands[0], outcomes[0].message)])
+    message = replace(outcomes[0].message, joined=joined[outcomes[0].message.id])
     assert message.joined == behind.batch_id
     await rig.runner.run(behind)
     rig.closed(running)
@@ -534,18 +538,12 @@ async def test_the_api_passes_a_sealed_box_for_the_next_one_that_takes_the_reque
             )
         )
     await joins.take(sealed)
-    [first] = await api.offer([queued("a", max_tokens=4)])
-    assert first.joined == str(other)  # not the sealed box, not the short-answers one
-    [second] = await api.offer([queued("b", max_tokens=4)])
-    assert second.joined == str(other)
-    assert [i.request_id for i in await joins.take(other)] == [first.id, second.id]
+    first, second = (command(t, model=ECHO.name, now=1000.0, max_tokens=4) for t in "ab")
+    # not the sealed box, not the short-answers one
+    assert await api.offer([first]) == {str(first.id): str(other)}
+    assert await api.offer([second]) == {str(second.id): str(other)}
+    assert [i.request_id for i in await joins.take(other)] == [str(first.id), str(second.id)]
     await api.close()
-
-
-def queued(text: str, *, max_tokens: int) -> tuple[SubmitCommand, QueueMessage]:
-    """A request as the group commit holds it once committed: its command and message."""
-    made = command(text, model=ECHO.name, now=1000.0, max_tokens=max_tokens)
-    return made, command_message(made)
 
 
 async def test_the_group_commit_publishes_what_joined_a_batch_naming_it(tmp_path: Path) -> None:
@@ -574,6 +572,162 @@ async def test_the_group_commit_publishes_what_joined_a_batch_naming_it(tmp_path
     finally:
         await admitter.stop()
         await queue.close()
+
+
+async def test_the_group_commit_offers_while_it_commits(tmp_path: Path) -> None:
+    """The offer does not wait for the commit: the box holds the request while its row is
+    still being written; its caller hears once it is committed, and its message names the
+    batch."""
+    rig = Rig(tmp_path)
+    await rig.batcher.start(background=False)
+    _, behind = await rig.send_behind()
+    committing, commit = asyncio.Event(), asyncio.Event()
+    write = rig.store.submit
+
+    async def slow_commit(commands: list[SubmitCommand]) -> object:
+        committing.set()
+        await commit.wait()
+        return await write(commands)
+
+    rig.store.submit = slow_commit  # type: ignore[method-assign,assignment]
+    queue = MemoryRequestQueue()
+    heard = await _heard_on(queue)
+    admitter = Admitter(rig.store, queue, joiners=rig.api)
+    admitter.start()
+    try:
+        made = command("x", model=ECHO.name, now=rig.clock())
+        admitting = asyncio.create_task(admitter.submit(made))
+        await asyncio.wait_for(committing.wait(), 5.0)
+        for _ in range(100):
+            if len(rig.joins):
+                break
+            await asyncio.sleep(0.01)
+        assert len(rig.joins) == 1 and not admitting.done() and not heard
+        commit.set()
+        admission = await asyncio.wait_for(admitting, 5.0)
+        await _until(lambda: bool(heard))
+        assert [(m.id, m.joined) for m in heard] == [(str(made.id), behind.batch_id)]
+        assert admission.record.id == made.id
+        assert [i.request_id for i in await rig.joins.take(uuid.UUID(behind.batch_id))] == [
+            str(made.id)
+        ]
+    finally:
+        await admitter.stop()
+        await queue.close()
+
+
+async def test_an_offer_whose_commit_failed_runs_in_the_batch_and_is_never_answered(
+    tmp_path: Path,
+) -> None:
+    """The group's transaction fails after its offer went out: the caller hears the failure,
+    nothing is published, and the batch runs the offer without keeping an answer for it
+    (no row was ever written for it); the batch's own member is answered once."""
+    rig = Rig(tmp_path)
+    await rig.batcher.start(background=False)
+    running, behind = await rig.send_behind()
+
+    async def refused(commands: list[SubmitCommand]) -> object:
+        raise Unavailable("database unavailable", component="database")
+
+    write = rig.store.submit
+    rig.store.submit = refused  # type: ignore[method-assign,assignment]
+    queue = MemoryRequestQueue()
+    heard = await _heard_on(queue)
+    admitter = Admitter(rig.store, queue, joiners=rig.api)
+    admitter.start()
+    made = command("never", model=ECHO.name, now=rig.clock())
+    try:
+        with pytest.raises(Unavailable):
+            await asyncio.wait_for(admitter.submit(made), 5.0)
+    finally:
+        await admitter.stop()
+        await queue.close()
+    rig.store.submit = write  # type: ignore[method-assign]
+    assert heard == []
+    await run_in_a_thread(rig.runner, behind)
+    member = behind.items[0].request_id
+    assert rig.backend.batches == [[member, str(made.id)]]  # ran with the batch
+    assert await rig.states([member, str(made.id)]) == {member: RequestState.SUCCEEDED}
+    rig.closed(running)
+    rig.closed(behind)
+    rig.clock.advance(0.2)
+    await rig.decide()
+    assert len(rig.sent) == 2  # nothing batched again
+
+
+async def test_an_offer_committed_after_the_worker_claimed_its_joiners_runs_in_the_next_batch(
+    tmp_path: Path,
+) -> None:
+    """The offer reached the box, the batch started and claimed its joiners, and only then
+    was the request committed: its answer in that batch is not kept; its message, naming the
+    batch, finds it still queued once the batch has gone, and the batcher batches it again.
+    It is answered once."""
+    rig = Rig(tmp_path)
+    await rig.batcher.start(background=False)
+    running, behind = await rig.send_behind()
+    made = command("slow", model=ECHO.name, now=rig.clock())
+    joined = await rig.api.offer([made])
+    assert joined == {str(made.id): behind.batch_id}
+    await run_in_a_thread(rig.runner, behind)  # claims its joiners: this one has no row yet
+    assert rig.backend.batches == [[behind.items[0].request_id, str(made.id)]]
+    [outcome] = await rig.store.submit([made])
+    assert isinstance(outcome, Admission) and outcome.message is not None
+    message = replace(outcome.message, joined=joined[outcome.message.id])
+    await rig.batcher.on_message(message, _Delivery(message.id, rig.acks))
+    assert await rig.states([message.id]) == {message.id: RequestState.QUEUED}
+    rig.closed(running)
+    rig.closed(behind)
+    await rig.decide()
+    rig.clock.advance(0.2)
+    await rig.decide()
+    assert [i.request_id for i in rig.sent[-1].items] == [message.id]
+    await run_in_a_thread(rig.runner, rig.sent[-1])
+    rig.closed(rig.sent[-1])
+    await rig.decide()
+    assert await rig.states([message.id]) == {message.id: RequestState.SUCCEEDED}
+    assert rig.acks[message.id] == 1
+
+
+async def test_a_failing_offer_leaves_no_caller_waiting(tmp_path: Path) -> None:
+    """Whatever goes wrong in a group's admission, its callers hear it: none waits for ever."""
+    rig = Rig(tmp_path)
+    await rig.batcher.start(background=False)
+    await rig.send_behind()
+
+    def broken() -> bool:
+        raise RuntimeError("a bug in the offer")
+
+    rig.api.any_open = broken  # type: ignore[method-assign]
+    queue = MemoryRequestQueue()
+    admitter = Admitter(rig.store, queue, joiners=rig.api)
+    admitter.start()
+    try:
+        with pytest.raises(RuntimeError, match="a bug in the offer"):
+            await asyncio.wait_for(
+                admitter.submit(command("x", model=ECHO.name, now=rig.clock())), 5.0
+            )
+    finally:
+        await admitter.stop()
+        await queue.close()
+
+
+async def _heard_on(queue: MemoryRequestQueue) -> list[QueueMessage]:
+    """What the API publishes for the echo model, as the batcher would hear it."""
+    heard: list[QueueMessage] = []
+
+    async def handler(message: QueueMessage, delivery: object) -> None:
+        heard.append(message)
+
+    await queue.consume(ECHO.name, Lane.INTERACTIVE, handler, prefetch=10)
+    return heard
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    for _ in range(200):
+        if done():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("never happened")
 
 
 async def test_the_memory_join_box_refuses_every_offer_once_sealed() -> None:
