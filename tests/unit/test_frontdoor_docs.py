@@ -1328,3 +1328,20 @@ async def test_a_box_past_its_expected_start_was_left_alone_and_that_was_reverte
     made = command("x", model="m", now=now[0])
     assert await api.offer([made])  # past its expected start, before its end: offered
     await api.close()
+
+
+def test_fewer_requests_miss_the_batch_ahead_with_the_offer_sent_with_the_commit() -> None:
+    """The page's "Kept": at 100/s, on both paths, every run with the offer sent with the
+    commit counted fewer requests that missed the batch ahead than every run without."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import frontdoor_docs
+
+    doc = _run("frontdoor-offer-commit-ab.json")
+    _every_caller_answered(doc)
+    lower = frontdoor_docs.join_lower(
+        doc, "offer", frontdoor_docs.OFFER_WAYS, frontdoor_docs.OFFER_FIGURES
+    )
+    assert lower["the requests that missed the batch ahead"] == [
+        f"lower with offered with the commit: {path} at 100/s" for path in ("longpoll", "sync")
+    ]
+    assert "Kept: fewer requests wait a batch more, in every run at 100/s on both paths." in PROSE
