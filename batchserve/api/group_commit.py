@@ -173,7 +173,9 @@ class Admitter:
                 if not future.done():
                     future.set_exception(error)
             if offering is not None:
-                await offering  # what it offered is never claimed: no answer is kept
+                # Let the offer finish: a request offered that was never committed is never
+                # claimed into the batch, so no answer of it is kept.
+                await offering
             return
         if "exit_after_commit" in self._faults:
             os._exit(3)  # test fault: die between commit and publish

@@ -132,8 +132,8 @@ _SLOT_IDLE = (
 # One slot: the requests that came before the batch ahead of theirs started its model, with
 # room in it, and still waited for the next one (the in-process baseline puts each in the
 # batch that starts after it comes); and by how long, p50, each came before that start. Both
-# clocks are the deployment's (``batchserve/core/clock.py``). Each one waits a batch more:
-# at a rate below one batch's room, each percent of them is about a millisecond of p50.
+# clocks are the deployment's (``batchserve/core/clock.py``). Each one waits a whole batch
+# more than it would have in the baseline.
 _MISSED = (
     "WITH b AS (SELECT id, finished_at - model_ms * interval '1 millisecond' AS began"
     " FROM batches WHERE outcome = 'succeeded' AND dispatched_at >= to_timestamp(%(start)s)"
