@@ -555,16 +555,8 @@ async def test_the_group_commit_publishes_what_joined_a_batch_naming_it(tmp_path
     admitter.start()
     try:
         admission = await admitter.submit(command("x", model=ECHO.name, now=rig.clock()))
-        heard: list[QueueMessage] = []
-
-        async def handler(message: QueueMessage, delivery: object) -> None:
-            heard.append(message)
-
-        await queue.consume(ECHO.name, Lane.INTERACTIVE, handler, prefetch=10)
-        for _ in range(100):
-            if heard:
-                break
-            await asyncio.sleep(0.01)
+        heard = await _heard_on(queue)
+        await _until(lambda: bool(heard))
         assert [(m.id, m.joined) for m in heard] == [(str(admission.record.id), behind.batch_id)]
         assert [i.request_id for i in await rig.joins.take(uuid.UUID(behind.batch_id))] == [
             str(admission.record.id)
@@ -598,11 +590,8 @@ async def test_the_group_commit_offers_while_it_commits(tmp_path: Path) -> None:
         made = command("x", model=ECHO.name, now=rig.clock())
         admitting = asyncio.create_task(admitter.submit(made))
         await asyncio.wait_for(committing.wait(), 5.0)
-        for _ in range(100):
-            if len(rig.joins):
-                break
-            await asyncio.sleep(0.01)
-        assert len(rig.joins) == 1 and not admitting.done() and not heard
+        await _until(lambda: len(rig.joins) == 1)
+        assert not admitting.done() and not heard
         commit.set()
         admission = await asyncio.wait_for(admitting, 5.0)
         await _until(lambda: bool(heard))
