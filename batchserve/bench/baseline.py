@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import uvicorn
@@ -28,6 +29,7 @@ class Submit(BaseModel):
 class Answer(BaseModel):
     output: str
     batch_size: int
+    model_ended_at: float  # time.time() as the batch's model ended: what came after it
 
 
 class InProcessBatcher:
@@ -66,9 +68,12 @@ class InProcessBatcher:
             if not taken:  # another slot took them
                 continue
             await asyncio.sleep(self.batch_s)  # the seeds' model: a fixed time a batch
+            ended = time.time()
             for text, future in taken:
                 if not future.done():
-                    future.set_result(Answer(output=text, batch_size=len(taken)))
+                    future.set_result(
+                        Answer(output=text, batch_size=len(taken), model_ended_at=ended)
+                    )
 
 
 def create_app(batch: int = 32, batch_s: float = 0.1, slots: int = 1) -> FastAPI:

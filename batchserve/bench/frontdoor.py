@@ -22,6 +22,7 @@ import asyncio
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -246,6 +247,8 @@ async def _round(
             )
     latencies: list[float] = []
     finished: list[float] = []
+    answered_at: dict[str, float] = {}  # batchserve's: request id -> when its answer came
+    baseline_after: list[float] = []  # the baseline's: from its batch's model end to the answer
     wrong = 0
     for s in load.submitted:
         if path == "longpoll":
@@ -263,6 +266,16 @@ async def _round(
             continue
         latencies.append(latency)
         finished.append(s.sent_at + latency)
+        if path == "baseline":
+            assert s.body is not None
+            baseline_after.append(s.sent_at + latency - s.body["model_ended_at"])
+        else:
+            answered_at[_request_id(path, s)] = s.sent_at + latency
+    after_model: dict[str, Any] | None = None
+    if path == "baseline":
+        after_model = {**summary_ms(baseline_after), "of": len(baseline_after)}
+    elif batches is not None:
+        after_model = await asyncio.to_thread(answered_after_model, batches, answered_at)
     sent = len(load.submitted) + load.errors
     first = min((s.sent_at for s in load.submitted), default=0.0)
     span = max(finished, default=first) - first
@@ -290,7 +303,29 @@ async def _round(
         "slot_idle_ms": slot_idle,
         # One slot: requests that waited a batch more than the baseline would have (_MISSED).
         "missed": missed,
+        # From each request's model end to its caller's answer: the part of the latency after
+        # the batch (results stored and announced, the answer sent); the rest came before it.
+        "after_model_ms": after_model,
     }
+
+
+# Each request's batch: when its model ended (the deployment's clock, which on one host is the
+# bench's own), so a round can say how long after it each caller had its answer.
+_MODEL_ENDS = (
+    "SELECT r.id::text, extract(epoch FROM b.finished_at) FROM requests r"
+    " JOIN batches b ON b.id = r.batch_id WHERE r.id = ANY(%s::uuid[])"
+    " AND b.outcome = 'succeeded'"
+)
+
+
+def answered_after_model(
+    batches: BenchDeployment, answered_at: dict[str, float]
+) -> dict[str, Any] | None:
+    """From each request's model end to its caller's answer (``answered_at``: request id to
+    when its answer came), over the requests found in a batch that succeeded."""
+    ends = batches.query(_MODEL_ENDS, (list(answered_at),)) if answered_at else []
+    after = [answered_at[found] - float(end) for found, end in ends]
+    return {**summary_ms(after), "of": len(after)} if after else None
 
 
 def missed_batches(batches: BenchDeployment, start: float, end: float, room: int) -> dict[str, Any]:
@@ -301,6 +336,15 @@ def missed_batches(batches: BenchDeployment, start: float, end: float, room: int
         "of": int(of),
         "by_ms_p50": None if by_s is None else round(float(by_s) * 1000.0, 2),
     }
+
+
+def _request_id(path: str, submitted: Submitted) -> str:
+    """A batchserve request's id: the submit's, or the one the OpenAI answer names."""
+    if path == "longpoll":
+        assert submitted.request_id is not None
+        return submitted.request_id
+    assert submitted.body is not None
+    return str(uuid.UUID(hex=str(submitted.body["id"]).rpartition("-")[2]))
 
 
 def _text(path: str, body: dict[str, Any]) -> str | None:

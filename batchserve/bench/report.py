@@ -202,6 +202,13 @@ def render_frontdoor(doc: dict[str, Any], console: Console) -> None:
             "came before the batch ahead of theirs started, with room, and waited for the next: "
             + ", ".join(missed)
         )
+    after = [
+        f"{r['path']} at {r['offered_rps']:g}/s {r['after_model_ms']['p50_ms']:.1f}"
+        for r in doc["results"]
+        if r.get("after_model_ms")
+    ]
+    if after:
+        console.print("answered after the batch's model ended, p50 ms: " + ", ".join(after))
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any], Console], None]] = {

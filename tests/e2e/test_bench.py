@@ -240,6 +240,11 @@ def test_frontdoor_answers_every_caller_on_each_path_beside_the_baseline(
         else:
             assert row["joined"] is None and row["slot_idle_ms"] is None
             assert row["missed"] is None
+        # From each answer's batch's model end to the answer: every answered caller timed,
+        # after the model, mostly within a batch of it (the baseline's from its own clock).
+        after = row["after_model_ms"]
+        assert after["of"] == row["answered"], row
+        assert 0 <= after["p50_ms"] <= after["p99_ms"] and after["p50_ms"] < 100, row
         # The kernel's counters over the round (the host's): its callers' connections at least.
         assert set(row["tcp"]) == {"accepted", "listen_overflows", "resets"}, row
         assert row["tcp"]["accepted"] >= 1, row

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import socket
 import subprocess
 import sys
@@ -28,12 +29,18 @@ async def test_the_baseline_batches_what_waits_and_answers_each_caller_its_own()
     batcher = InProcessBatcher(batch=32, batch_s=0.01, slots=1)
     batcher.start()
     try:
+        sent = time.time()
         texts = [f"request {n}" for n in range(70)]
         answers = await asyncio.gather(*(batcher.answer(t) for t in texts))
+        answered = time.time()
     finally:
         await batcher.stop()
     assert [a.output for a in answers] == texts
     assert sorted({a.batch_size for a in answers}) == [6, 32]  # 32, 32 and the 6 left
+    # Each answer says when its batch's model ended: three batches, one after the other.
+    ends = sorted({a.model_ended_at for a in answers})
+    assert len(ends) == 3 and sent + 0.01 <= ends[0] and ends[-1] <= answered
+    assert all(later - earlier >= 0.01 for earlier, later in itertools.pairwise(ends))
 
 
 async def test_the_baseline_runs_one_batch_a_slot_at_once() -> None:
