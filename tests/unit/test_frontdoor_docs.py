@@ -1345,3 +1345,47 @@ def test_fewer_requests_miss_the_batch_ahead_with_the_offer_sent_with_the_commit
         f"lower with offered with the commit: {path} at 100/s" for path in ("longpoll", "sync")
     ]
     assert "Kept: fewer requests wait a batch more, in every run at 100/s on both paths." in PROSE
+
+
+def test_after_the_model_batchserve_answers_later_than_the_baseline_in_every_round() -> None:
+    """The page's split of goal 1's gap: in every round batchserve's callers had their answers
+    later after their batch's model than the baseline's (the same run and rate), every caller
+    answered; and 30 s rounds did not bring every run's worst p50 within +10 ms."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import frontdoor_docs
+
+    doc = _run("frontdoor-goal1-rounds.json")
+    _every_caller_answered(doc)
+    rows = frontdoor_docs.join_rows(doc, "rounds")
+    assert {way for _, way, _, _ in rows} == {"10 s", "30 s"}
+    for _, _, r, base in rows:
+        assert r["after_model_ms"]["of"] == r["answered"]
+        assert frontdoor_docs.after_model(r) - frontdoor_docs.after_model(base) >= 3.0
+    assert max(frontdoor_docs.worst_gaps(doc, "30 s")) > 10.0
+    assert "Rounds three times as long did not bring the p50 within +10 ms" in PROSE
+    hops = doc["hops"]["after_model_end_ms_p50"]
+    path = [
+        "results statement sent",
+        "results statement back",
+        "the API has woken its waiters",
+        "the batch's first caller has its answer",
+        "the batch's median caller has its answer",
+    ]
+    assert [hops[step] for step in path] == sorted(hops[step] for step in path)
+
+
+def test_results_heard_from_postgres_brought_no_answer_sooner_and_were_not_kept() -> None:
+    """Alternating runs with a batch's results also told on Postgres: no figure of latency
+    lower with it in every run, and the CPU, where it moved, higher."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import frontdoor_docs
+
+    doc = _run("frontdoor-results-feed-ab.json")
+    _every_caller_answered(doc)
+    lower = frontdoor_docs.join_lower(
+        doc, "results_heard", frontdoor_docs.FEED_WAYS, frontdoor_docs.FEED_FIGURES
+    )
+    for figure in ("answered after the model, p50", "p50 over the baseline"):
+        assert lower[figure] == []
+    assert not any(case.startswith("lower") for cases in lower.values() for case in cases)
+    assert "Not kept: the callers' answers came no sooner after the model" in PROSE
