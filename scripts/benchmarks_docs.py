@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 from benchmarks_streaming import streaming_md, verdict_rows
-from frontdoor_docs import at, cpu_table, over, roles_cpu, worst_gap
+from frontdoor_docs import SEEDS_SERVED, at, cpu_table, over, roles_cpu, seeds_served, worst_gap
 from md_table import table
 
 from batchserve.bench.frontdoor import GOAL_P50_MS, GOAL_P99_MS, GOAL_RATES
@@ -300,19 +300,6 @@ def seeds_md(doc: dict[str, Any]) -> str:
     header = ["path", "answered", "refused", "p50 / p99 ms", "served/s", "listen overflows"]
     header += ["connections reset"]
     return table(header, rows)
-
-
-# The seeds' deployment is served when each path keeps up with what is offered (the rest of
-# the offered rate: the span from the first send to the last answer) and answers everyone.
-SEEDS_SERVED = 0.95
-
-
-def seeds_served(row: dict[str, Any]) -> bool:
-    return (
-        row["refused"] == 0
-        and row["answered"] == row["sent"]
-        and row["served_rps"] >= SEEDS_SERVED * row["offered_rps"]
-    )
 
 
 def frontdoor_verdicts(front: dict[str, Any], seeds: dict[str, Any] | None) -> list[list[str]]:
