@@ -39,8 +39,9 @@ async def test_the_baseline_batches_what_waits_and_answers_each_caller_its_own()
     assert sorted({a.batch_size for a in answers}) == [6, 32]  # 32, 32 and the 6 left
     # Each answer says when its batch's model ended: three batches, one after the other.
     ends = sorted({a.model_ended_at for a in answers})
-    assert len(ends) == 3 and sent + 0.01 <= ends[0] and ends[-1] <= answered
-    assert all(later - earlier >= 0.01 for earlier, later in itertools.pairwise(ends))
+    # (a millisecond's slack: the wall clock the answers carry against the loop's own)
+    assert len(ends) == 3 and sent + 0.009 <= ends[0] and ends[-1] <= answered
+    assert all(later - earlier >= 0.009 for earlier, later in itertools.pairwise(ends))
 
 
 async def test_the_baseline_runs_one_batch_a_slot_at_once() -> None:
