@@ -1374,9 +1374,11 @@ def test_after_the_model_batchserve_answers_later_than_the_baseline_in_every_rou
     assert [hops[step] for step in path] == sorted(hops[step] for step in path)
 
 
-def test_results_heard_from_postgres_brought_no_answer_sooner_and_were_not_kept() -> None:
-    """Alternating runs with a batch's results also told on Postgres: no figure of latency
-    lower with it in every run, and the CPU, where it moved, higher."""
+def test_results_heard_from_postgres_were_at_most_a_millisecond_sooner_and_not_kept() -> None:
+    """Alternating runs with a batch's results also told on Postgres: in the first three pairs
+    no figure of latency lower with it in every run; in the four pairs after, its answers
+    sooner in most comparisons, by a millisecond at most (the long-poll path at 100/s) and a
+    few tenths or less elsewhere, and the roles' CPU higher in most comparisons at 30/s."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import frontdoor_docs
 
@@ -1388,7 +1390,28 @@ def test_results_heard_from_postgres_brought_no_answer_sooner_and_were_not_kept(
     for figure in ("answered after the model, p50", "p50 over the baseline"):
         assert lower[figure] == []
     assert not any(case.startswith("lower") for cases in lower.values() for case in cases)
-    assert "Not kept: the callers' answers came no sooner after the model" in PROSE
+
+    pairs = _run("frontdoor-results-feed-pairs.json")
+    _every_caller_answered(pairs)
+    assert [run["results_heard"] for run in pairs["runs"]] == list(frontdoor_docs.FEED_WAYS) * 4
+    after = frontdoor_docs.paired(pairs, frontdoor_docs.after_model)
+    medians = {name: statistics.median(gains) for name, gains in after.items()}
+    assert max(medians, key=lambda name: medians[name]) == "longpoll at 100/s"
+    assert 0 < medians["longpoll at 100/s"] <= 1.2
+    assert all(m < 0.5 for name, m in medians.items() if name != "longpoll at 100/s")
+    # less than runs of the same code move from one to the next
+    alone = [
+        frontdoor_docs.after_model(r)
+        for run in pairs["runs"]
+        if run["results_heard"] == "from Redis alone"
+        for r in run["results"]
+        if r["path"] == "longpoll" and r["offered_rps"] == 100.0
+    ]
+    assert max(alone) - min(alone) > medians["longpoll at 100/s"]
+    roles = frontdoor_docs.paired(pairs, lambda r: sum(r["cpu_ms_per_request"].values()))
+    light = [d for name, ds in roles.items() if name.endswith(" at 30/s") for d in ds]
+    assert sum(d < 0 for d in light) > len(light) / 2  # without it less: higher with it
+    assert "Not kept: the callers had their answers at most about a millisecond sooner" in PROSE
 
 
 def test_goals_2b_and_3_at_the_head_are_what_the_page_says() -> None:
