@@ -2409,10 +2409,6 @@ def after_model(r: dict[str, Any]) -> float:
     return float(r["after_model_ms"]["p50_ms"])
 
 
-def spread(values: list[float], digits: int = 1) -> str:
-    return f"{min(values):.{digits}f}-{max(values):.{digits}f}"
-
-
 def worst_gaps(doc: dict[str, Any], rounds: str) -> list[float]:
     """Each run's worst p50 over the baseline (both paths, every rate), for runs of ``rounds``."""
     worst: dict[int, float] = {}
@@ -2433,9 +2429,9 @@ def split_verdict(doc: dict[str, Any]) -> dict[str, str]:
     return {
         "code": doc["code"],
         "machine": doc["machine_note"],
-        "base_after": spread(base_after, 2),
-        "path_after": spread([after_model(r) for _, _, r, _ in rows], 2),
-        "path_after_100": spread(at_100, 2),
+        "base_after": span(base_after, 2),
+        "path_after": span([after_model(r) for _, _, r, _ in rows], 2),
+        "path_after_100": span(at_100, 2),
         "excess": f"{min(excess):.1f}",
         "gaps_10": ", ".join(f"+{g}" for g in worst_gaps(doc, "10 s")),
         "gaps_30": ", ".join(f"+{g}" for g in worst_gaps(doc, "30 s")),
@@ -2561,9 +2557,9 @@ def edge_verdict(doc: dict[str, Any]) -> dict[str, str]:
         "machine": doc["machine_note"],
         "served_bound": f"{SEEDS_SERVED:.2f}",
         "sync_served": str(sum(seeds_served(r) for r in by_path["sync"])),
-        "sync_rps": spread([r["served_rps"] for r in by_path["sync"]], 0),
-        "longpoll_rps": spread([r["served_rps"] for r in by_path["longpoll"]], 0),
-        "busy": f"{spread(busy, 0)} %",
+        "sync_rps": span([r["served_rps"] for r in by_path["sync"]], 0),
+        "longpoll_rps": span([r["served_rps"] for r in by_path["longpoll"]], 0),
+        "busy": f"{span(busy, 0)} %",
         "seeds_runs": str(len(seeds)),
         "served": str(served),
         "ingest_runs": str(len(doc["ingest_runs"])),
@@ -2625,8 +2621,8 @@ def pairs_verdict(doc: dict[str, Any]) -> dict[str, str]:
     return {
         "pairs": str(len(doc["runs"]) // 2),
         "machine": doc["machine_note"],
-        "pg_heard": spread([r["API has Postgres's notification"] for r in runs[FEED_WAYS[0]]], 2),
-        "redis_heard": spread([r["API has Redis's notification"] for r in runs[FEED_WAYS[1]]], 2),
+        "pg_heard": span([r["API has Postgres's notification"] for r in runs[FEED_WAYS[0]]], 2),
+        "redis_heard": span([r["API has Redis's notification"] for r in runs[FEED_WAYS[1]]], 2),
         "lower": str(sum(d > 0 for d in gains)),
         "comparisons": str(len(gains)),
         "medians": ", ".join(f"{name} {statistics.median(ds):+.2f}" for name, ds in after.items()),
