@@ -908,11 +908,12 @@ def main() -> None:
     print(feed_table(pairs))
     print(FEED_TRIED_AFTER)
     edge = load("frontdoor-edge.json")
-    print(EDGE.format(**edge_verdict(edge)))
+    edge_figures = edge_verdict(edge)
+    print(EDGE.format(**edge_figures))
     print(seeds_table(edge))
-    print(EDGE_INGEST.format(**edge_verdict(edge)))
+    print(EDGE_INGEST.format(**edge_figures))
     print(ingest_steps_table(edge))
-    print(EDGE_AFTER.format(**edge_verdict(edge)))
+    print(EDGE_AFTER.format(**edge_figures))
     print(EARLIER)
 
 
