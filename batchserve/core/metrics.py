@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import gc
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from functools import cache
@@ -32,6 +30,7 @@ from prometheus_client import (
     make_wsgi_app,
 )
 
+from batchserve.core import scratch
 from batchserve.core.logs import get_logger
 from batchserve.core.settings import Settings
 
@@ -263,12 +262,14 @@ def enable_multiprocess(directory: Path) -> None:
 
 
 def multiprocess_dir(role: str) -> Path:
-    """A fresh directory for one worker's pool (removed by :func:`remove_multiprocess_dir`)."""
-    return Path(tempfile.mkdtemp(prefix=f"batchserve-metrics-{role}-"))
+    """A fresh directory for one role's processes (a worker's pool, several API processes),
+    owned by them (:mod:`batchserve.core.scratch`: swept once all are gone, if killed before
+    :func:`remove_multiprocess_dir`)."""
+    return scratch.make(f"batchserve-metrics-{role}-")
 
 
 def remove_multiprocess_dir(directory: Path) -> None:
-    shutil.rmtree(directory, ignore_errors=True)
+    scratch.remove(directory)
 
 
 def mark_process_dead(pid: int) -> None:

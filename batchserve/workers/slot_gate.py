@@ -21,26 +21,25 @@ after the fork: ``flock`` locks belong to an open file description, which a fork
 The directory is the worker's for its life: the worker holds a lock on its ``owner`` file,
 which its pool processes inherit, and removes the directory when it stops. A worker killed
 outright cannot; the next worker to start on the host sweeps every gate directory whose owner
-lock nobody holds any more (:meth:`SlotGate.sweep`). A lock, not a process id: a pid may be
-reused, or belong to another container sharing the directory.
+lock nobody holds any more (:mod:`batchserve.core.scratch`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
-import shutil
 import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from batchserve.core import scratch
+from batchserve.core.scratch import try_lock
+
 POLL_S = 0.0005
 _STAMP = struct.Struct("<d")
-OWNER = "owner"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,32 +71,8 @@ class SlotGate:
         for path in [cls._slot_path(directory, n) for n in range(slots)] + [directory / "queue"]:
             path.touch(exist_ok=True)
         gate = cls(directory, slots)
-        # Locked under another name, then renamed: a sweep never finds the owner file unlocked.
-        making = directory / f"{OWNER}.{os.getpid()}"
-        gate._owner_fd = os.open(making, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(gate._owner_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        making.rename(directory / OWNER)
+        gate._owner_fd = scratch.own(directory)
         return gate
-
-    @staticmethod
-    def sweep(parent: Path, prefix: str) -> list[Path]:
-        """Remove the gate directories under ``parent`` named ``prefix``* whose owner lock is
-        free (the worker and all its processes are gone); the removed ones. A directory
-        without an owner file (one being made) is left."""
-        removed = []
-        for directory in sorted(Path(parent).glob(f"{prefix}*")):
-            try:
-                fd = os.open(directory / OWNER, os.O_RDWR)
-            except OSError:
-                continue
-            try:
-                if not _try_lock(fd):
-                    continue
-                shutil.rmtree(directory, ignore_errors=True)
-                removed.append(directory)
-            finally:
-                os.close(fd)
-        return removed
 
     @staticmethod
     def _slot_path(directory: Path, n: int) -> Path:
@@ -125,7 +100,7 @@ class SlotGate:
     def _lock_one(self, fds: list[int]) -> tuple[int, bool]:
         """A slot's lock, and whether it had to wait for it."""
         if len(fds) == 1:
-            if _try_lock(fds[0]):
+            if try_lock(fds[0]):
                 return 0, False
             fcntl.flock(fds[0], fcntl.LOCK_EX)  # the kernel wakes the waiter at the release
             return 0, True
@@ -137,7 +112,7 @@ class SlotGate:
             waited = False
             while True:
                 for n, fd in enumerate(fds):
-                    if _try_lock(fd):
+                    if try_lock(fd):
                         return n, waited
                 waited = True
                 time.sleep(POLL_S)
@@ -167,13 +142,3 @@ class SlotGate:
 def _read_stamp(fd: int) -> float | None:
     data = os.pread(fd, _STAMP.size, 0)
     return _STAMP.unpack(data)[0] if len(data) == _STAMP.size else None
-
-
-def _try_lock(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return False
-        raise
-    return True

@@ -14,6 +14,7 @@ from typing import Any
 import billiard.pool
 from celery import signals
 
+from batchserve.core import scratch
 from batchserve.core.clock import follow_database
 from batchserve.core.health import RoleHealth, role_health
 from batchserve.core.logs import get_logger
@@ -58,6 +59,9 @@ def _run_batch(payload: dict[str, Any]) -> None:
     RuntimeHolder.get().run(payload)
 
 
+READY_PREFIX = "batchserve-ready-"
+
+
 class _ReadyProcesses:
     """Which pool processes have loaded their model: each leaves a file named by its pid.
 
@@ -67,16 +71,17 @@ class _ReadyProcesses:
 
     def __init__(self, processes: int) -> None:
         self.processes = processes
-        self.directory = Path(tempfile.mkdtemp(prefix="batchserve-ready-"))
+        self.directory = scratch.make(READY_PREFIX)  # the worker's and its pool's
 
     def mark(self) -> None:
         (self.directory / str(os.getpid())).touch()
 
     def count(self) -> int:
-        return sum(1 for path in self.directory.iterdir() if alive(int(path.name)))
+        marks = (path.name for path in self.directory.iterdir())
+        return sum(1 for mark in marks if mark.isdigit() and alive(int(mark)))
 
     def remove(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
+        scratch.remove(self.directory)
 
 
 class _Heartbeat:
@@ -154,7 +159,7 @@ def _gate_directory() -> Path:
     """A new gate directory for this worker, after sweeping those of workers that died
     without removing theirs (killed outright: their owner lock is free)."""
     parent = Path(tempfile.gettempdir())
-    for stale in SlotGate.sweep(parent, GATE_PREFIX):
+    for stale in scratch.sweep(parent, GATE_PREFIX):
         log.info("stale_gate_removed", directory=str(stale))
     return Path(tempfile.mkdtemp(prefix=GATE_PREFIX, dir=parent))
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from batchserve.core import scratch
 from batchserve.workers.slot_gate import SlotGate, Turn
 
 ctx = multiprocessing.get_context("fork")
@@ -149,12 +150,12 @@ def test_a_sweep_removes_the_gates_of_dead_workers_only(tmp_path: Path) -> None:
     other.mkdir()
     (other / "owner").touch()  # nobody holds it, but it is not a gate of this prefix
     # The dead worker's pool process still holds the lock: its gate stays.
-    assert SlotGate.sweep(tmp_path, "batchserve-gate-") == []
+    assert scratch.sweep(tmp_path, "batchserve-gate-") == []
     stop_pool.set()
     deadline = time.monotonic() + 10
     removed: list[Path] = []
     while not removed and time.monotonic() < deadline:
-        removed = SlotGate.sweep(tmp_path, "batchserve-gate-")
+        removed = scratch.sweep(tmp_path, "batchserve-gate-")
         time.sleep(0.05)
     assert removed == [dead] and not dead.exists()
     assert live.directory.exists() and being_made.exists() and other.exists()
