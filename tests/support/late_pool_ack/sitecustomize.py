@@ -2,8 +2,10 @@
 at start-up when its folder is on ``PYTHONPATH`` (tests/chaos/test_workers.py).
 
 The first pool process to take a task sends its parent, the worker's main process, SIGTERM
-before it acknowledges the task, and acknowledges it a moment later: Celery's warm shutdown then
-begins with a batch in a pool process whose acknowledgement it has not read. A SIGTERM from
+before it acknowledges the task, and acknowledges it 3 s later: Celery's warm shutdown then
+begins with a batch in a pool process whose acknowledgement it has not read. (After 1 s, on a
+loaded machine the main process had sometimes not flushed its pool yet: it read the
+acknowledgement, kept the batch on its books and the moment never happened.) A SIGTERM from
 outside lands there by chance, more often on a busy machine (a CI run's rolling restart). The
 time of the SIGTERM (``time.time()``) is written to ``BATCHSERVE_TEST_STOP_MARK``, which also
 makes it happen once per worker.
@@ -34,7 +36,7 @@ if mark:
                     os.write(fd, f"{time.time()}\n".encode())
                     os.close(fd)
                     os.kill(os.getppid(), signal.SIGTERM)
-                    time.sleep(1.0)
+                    time.sleep(3.0)
             put(message)
 
         self.outq.put = late_put
