@@ -40,13 +40,18 @@ def own(directory: Path) -> int:
     return fd
 
 
-def make(prefix: str) -> Path:
-    """A new directory named ``prefix``* in the temporary directory, owned by this process
-    and its forks, after sweeping those of the same prefix that nobody owns any more."""
+def fresh(prefix: str) -> Path:
+    """A new directory named ``prefix``* in the temporary directory, not owned yet (its
+    maker calls :func:`own`), after sweeping those of the same prefix nobody owns any more."""
     parent = Path(tempfile.gettempdir())
     for stale in sweep(parent, prefix):
         log.info("stale_scratch_removed", directory=str(stale))
-    directory = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+
+
+def make(prefix: str) -> Path:
+    """A :func:`fresh` directory owned by this process and its forks until :func:`remove`."""
+    directory = fresh(prefix)
     _held[directory] = own(directory)
     return directory
 

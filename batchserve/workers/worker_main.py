@@ -6,7 +6,6 @@ import math
 import os
 import shutil
 import socket
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -156,12 +155,9 @@ GATE_PREFIX = "batchserve-gate-"
 
 
 def _gate_directory() -> Path:
-    """A new gate directory for this worker, after sweeping those of workers that died
-    without removing theirs (killed outright: their owner lock is free)."""
-    parent = Path(tempfile.gettempdir())
-    for stale in scratch.sweep(parent, GATE_PREFIX):
-        log.info("stale_gate_removed", directory=str(stale))
-    return Path(tempfile.mkdtemp(prefix=GATE_PREFIX, dir=parent))
+    """A new gate directory for this worker (its gate takes the owner lock), after sweeping
+    those of workers that died without removing theirs (killed outright: their lock is free)."""
+    return scratch.fresh(GATE_PREFIX)
 
 
 def standby_enabled(settings: Settings, spec: ModelSpec) -> bool:

@@ -170,7 +170,7 @@ def test_a_worker_sweeps_before_it_makes_its_gate(
     """The worker's new gate directory goes where the stale ones are, after the sweep."""
     from batchserve.workers import worker_main
 
-    monkeypatch.setattr(worker_main.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(scratch.tempfile, "tempdir", str(tmp_path))
     stale = tmp_path / f"{worker_main.GATE_PREFIX}stale"
     stale.mkdir()
     (stale / "owner").touch()  # its worker gone: nobody holds the lock
