@@ -535,13 +535,21 @@ class ModelBatcher(BatcherJobs):
         finally:
             self._claiming.discard(batch_id)
         self.last_dispatch_at = now
+        if message.joinable:
+            # Told as soon as it is claimed, not once the broker confirms the hand-over (most
+            # of the hand-over's time): what the API admits meanwhile goes to its box at once
+            # instead of through this batcher, late for it more often.
+            self._announce_joinable(batch_id, estimated_s)
         try:
             await self._dispatcher.dispatch(message, self._time_limit_s(estimated_s))
         except Unavailable as error:
             # Claimed but not handed over: put the members back ourselves rather than wait
             # for the dispatch lease to run out.
             log.warning("dispatch_failed", batch_id=batch_id, error=error)
-            self.joinable.pop(batch_id, None)  # nothing was offered: offers wait for a step
+            # This batcher offered nothing yet (offers wait for a step); what the API put in
+            # its box and told us of meanwhile is batched again (nothing will seal the box).
+            if (joinable := self.joinable.pop(batch_id, None)) is not None:
+                self._take_back(joinable, dict(joinable.offered))
             if self.engine:
                 self.ledger.close(batch_id)
             else:
@@ -555,8 +563,6 @@ class ModelBatcher(BatcherJobs):
             )
         else:
             self._observe_dispatch(message)
-            if message.joinable:
-                self._announce_joinable(batch_id, estimated_s)
         free_after = (
             self.ledger.free().seqs if self.engine else self.slots.free_slots(self._clock())
         )

@@ -427,6 +427,96 @@ async def test_what_the_api_admits_while_a_batch_is_joinable_rides_in_it_offered
     assert len(rig.sent) == 2  # nothing batched again
 
 
+class _HandOver:
+    """A hand-over the test lets finish (``release``), in the broker's place: held until
+    then, as a publish waits for the broker's confirm; ``fails``: it ends in ``Unavailable``."""
+
+    def __init__(self, rig: Rig, *, fails: bool = False) -> None:
+        self.rig, self.fails = rig, fails
+        self.started: list[BatchMessage] = []
+        self.release = asyncio.Event()
+
+    async def dispatch(self, message: BatchMessage, time_limit_s: float | None) -> None:
+        self.started.append(message)
+        await self.release.wait()
+        if self.fails:
+            raise Unavailable("the broker is gone", component="broker")
+        self.rig.sent.append(message)
+
+    async def behind(self) -> tuple[BatchMessage, asyncio.Task[None]]:
+        """One batch to the idle slot, then one sent behind it whose hand-over is under way
+        (the batcher's step still waiting for it)."""
+        await self.rig.arrive(1)
+        await self.rig.decide()
+        running = self.rig.sent[-1]
+        await self.rig.arrive(1)
+        free_at = self.rig.batcher.slots.next_free_at(self.rig.clock())
+        assert free_at is not None
+        self.rig.clock.now = free_at
+        self.rig.dispatch = self.dispatch  # type: ignore[method-assign]
+        deciding = asyncio.create_task(self.rig.decide())
+        while not self.started:
+            await asyncio.sleep(0)
+        for _ in range(10):  # the announcement goes out in the background
+            await asyncio.sleep(0)
+        return running, deciding
+
+
+async def test_the_api_offers_to_a_batch_as_soon_as_it_is_claimed_not_once_handed_over(
+    tmp_path: Path,
+) -> None:
+    """The batch sent behind is announced once claimed: what the API admits while the broker
+    has yet to confirm the hand-over goes to its box, and rides in it."""
+    rig = Rig(tmp_path)
+    await rig.batcher.start(background=False)
+    hand_over = _HandOver(rig)
+    running, deciding = await hand_over.behind()
+    messages = await rig.admit(2)
+    assert {m.joined for m in messages} == {hand_over.started[0].batch_id}
+    hand_over.release.set()
+    await deciding
+    behind = rig.sent[-1]
+    assert behind.batch_id == hand_over.started[0].batch_id and behind.joinable
+
+    await run_in_a_thread(rig.runner, behind)
+    joiners = [m.id for m in messages]
+    assert rig.backend.batches[-1] == [behind.items[0].request_id, *joiners]
+    await rig.both_ended(running, behind, joiners)
+
+
+async def test_what_the_api_put_in_a_batch_never_handed_over_is_batched_again(
+    tmp_path: Path,
+) -> None:
+    """The hand-over of a batch announced as joinable fails after the API put requests in
+    its box: nothing will seal that box, so the batcher batches them again (its member it
+    publishes again, as before), and each ends once, acked once."""
+    rig = Rig(tmp_path)
+    await rig.batcher.start(background=False)
+    hand_over = _HandOver(rig, fails=True)
+    running, deciding = await hand_over.behind()
+    failed = hand_over.started[0]
+    messages = await rig.admit(2)
+    joiners = [m.id for m in messages]
+    assert {m.joined for m in messages} == {failed.batch_id}
+    hand_over.release.set()
+    await deciding
+    assert set(joiners) <= set(rig.batcher.pending)
+    assert all(rig.acks.get(r, 0) == 0 for r in joiners)
+
+    del rig.dispatch  # the broker is back
+    rig.closed(running)
+    rig.clock.advance(0.2)
+    await rig.decide()
+    again = rig.sent[-1]
+    assert again.batch_id != failed.batch_id
+    assert set(joiners) <= {i.request_id for i in again.items}
+    await rig.runner.run(again)
+    rig.closed(again)
+    await rig.decide()
+    assert set((await rig.states(joiners)).values()) == {RequestState.SUCCEEDED}
+    assert all(rig.acks[r] == 1 for r in joiners)
+
+
 async def test_the_api_offers_no_more_than_the_box_holds_and_nothing_once_it_is_sealed(
     tmp_path: Path,
 ) -> None:
