@@ -3914,8 +3914,8 @@ On this machine the runs moved with its pace: the time after the model went {aft
 At 100/s the change's run had fewer of them than the run just before it in {fewer_longpoll}
 of {runs} pairs on the long-poll path and {fewer_sync} of {runs} on the synchronous one (a
 run's mean {new_longpoll_mean} against {old_longpoll_mean} and {new_sync_mean} against
-{old_sync_mean} of {of}), and a lower p99 over the baseline in {p99_longpoll} and
-{p99_sync} of {runs} (the mean over both paths +{new_p99} ms with the change, +{old_p99} ms
+{old_sync_mean} of {of}), and a lower p99 in {p99_longpoll} and {p99_sync} of {runs} (the
+p99 over the baseline, its mean over both paths, +{new_p99} ms with the change, +{old_p99} ms
 before); the p50 over the baseline's mean over both paths {new_gap} ms with it, {old_gap} ms
 before. Kept: the probe shows the mechanism (the requests the API never offered to the box of
 the batch they missed, {old_never} and {new_never}), and the runs lean the same way. What
