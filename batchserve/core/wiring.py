@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from sqlalchemy import text
@@ -15,12 +17,25 @@ from batchserve.core.domain import Lane, StateChange
 from batchserve.core.events import EventBus, MemoryEventBus, RedisEventBus
 from batchserve.core.joins import JoinBox, MemoryJoinBox, RedisJoinBox
 from batchserve.core.loadboard import LoadBoard, MemoryLoadBoard, RedisLoadBoard
+from batchserve.core.logs import get_logger
 from batchserve.core.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from batchserve.core.settings import Settings
 from batchserve.core.slots import MemorySlotDirectory, RedisSlotDirectory, SlotDirectory
 from batchserve.core.store import JobStore, OnChange
 from batchserve.core.tokenlog import MemoryTokenLog, RedisTokenLog, TokenLog, TokenLogConfig
 from batchserve.models.registry import Registry, load_registry
+
+log = get_logger("batchserve.wiring")
+
+# How long one client's close may take before a stopping role leaves it behind.
+CLOSE_S = 3.0
+
+
+async def _close_within(close: Callable[[], Awaitable[None]]) -> None:
+    try:
+        await asyncio.wait_for(close(), CLOSE_S)
+    except TimeoutError:
+        log.warning("close_timed_out", client=getattr(close, "__qualname__", repr(close)))
 
 
 @dataclass
@@ -38,23 +53,25 @@ class Adapters:
     joins: JoinBox = field(default_factory=MemoryJoinBox)
 
     async def close(self) -> None:
-        for closer in (
+        """Close every client, each within :data:`CLOSE_S`: one whose close hangs is logged
+        (``close_timed_out``, naming it) and left behind, so that a stopping role still exits
+        within its grace period."""
+        closers = [
             self.queue.close,
             self.events.close,
             self.loadboard.close,
             self.ratelimit.close,
             self.tokens.close,
             self.joins.close,
-        ):
-            with contextlib.suppress(Exception):
-                await closer()
+        ]
         if isinstance(self.slots, RedisSlotDirectory):
-            with contextlib.suppress(Exception):
-                await self.slots.close()
+            closers.append(self.slots.close)
         if self.store.statements is not None:
+            closers.append(self.store.statements.close)
+        for closer in closers:
             with contextlib.suppress(Exception):
-                await self.store.statements.close()
-        await self.engine.dispose()
+                await _close_within(closer)
+        await _close_within(self.engine.dispose)
 
     async def check(self) -> dict[str, str]:
         """Reachability of each backing server, for ``/readyz``."""
