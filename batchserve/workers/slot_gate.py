@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchserve.core import scratch
-from batchserve.core.scratch import try_lock
 
 POLL_S = 0.0005
 _STAMP = struct.Struct("<d")
@@ -100,7 +99,7 @@ class SlotGate:
     def _lock_one(self, fds: list[int]) -> tuple[int, bool]:
         """A slot's lock, and whether it had to wait for it."""
         if len(fds) == 1:
-            if try_lock(fds[0]):
+            if scratch.try_lock(fds[0]):
                 return 0, False
             fcntl.flock(fds[0], fcntl.LOCK_EX)  # the kernel wakes the waiter at the release
             return 0, True
@@ -112,7 +111,7 @@ class SlotGate:
             waited = False
             while True:
                 for n, fd in enumerate(fds):
-                    if try_lock(fd):
+                    if scratch.try_lock(fd):
                         return n, waited
                 waited = True
                 time.sleep(POLL_S)
