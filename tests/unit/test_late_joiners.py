@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -40,11 +41,11 @@ from batchserve.core.events import MemoryEventBus
 from batchserve.core.joins import MemoryJoinBox
 from batchserve.core.loadboard import MemoryLoadBoard
 from batchserve.core.slots import MemorySlotDirectory
-from batchserve.core.store import Admission, JobStore
+from batchserve.core.store import Admission, ClaimedRequest, JobStore
 from batchserve.core.tables import batches_table as batches_t
 from batchserve.models.base import Backend, OnResult
 from batchserve.models.registry import ModelSpec
-from batchserve.workers.runner import BatchRunner, RunOutput
+from batchserve.workers.runner import JOIN_CLAIM_DELAY_S, BatchRunner, RunOutput
 from tests.support.stepped import Clock, command, sqlite_store, store_seconds, submit
 
 ECHO = ModelSpec(name="echo", backend="fixed", batch_time_ms=100, max_batch_size=4)
@@ -313,6 +314,44 @@ async def test_a_joiner_cancelled_before_the_worker_claims_it_keeps_no_answer(
     states = await rig.states(joiners)
     assert states == {joiners[0]: RequestState.CANCELLED, joiners[1]: RequestState.SUCCEEDED}
     assert rig.acks[joiners[0]] == rig.acks[joiners[1]] == 1
+
+
+async def test_the_joiners_claim_waits_out_the_answers_of_the_batch_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The joiners run from the seal, and their claim begins JOIN_CLAIM_DELAY_S later (at
+    most a quarter of the batch's estimated time), clear of the results and answers of the
+    batch that just left the slot; the model, done sooner, waits for it, and the joiners'
+    answers are kept."""
+    rig = Rig(tmp_path)
+    await rig.batcher.start(background=False)
+    running, behind = await rig.send_behind()
+    joiners = await rig.arrive(2)
+    await rig.decide()
+    sealed: list[float] = []
+    claimed: list[float] = []
+    take_blocking, join_batch = rig.joins.take_blocking, rig.store.join_batch
+
+    def timed_take(batch_id: uuid.UUID) -> list[BatchItem]:
+        offered = take_blocking(batch_id)
+        sealed.append(time.monotonic())
+        return offered
+
+    async def timed_join(*args: Any, **kwargs: Any) -> list[ClaimedRequest]:
+        claimed.append(time.monotonic())
+        return await join_batch(*args, **kwargs)
+
+    monkeypatch.setattr(rig.joins, "take_blocking", timed_take)
+    monkeypatch.setattr(rig.store, "join_batch", timed_join)
+    batch = await rig.runner.open(behind)
+    assert batch.claim_delay_s() == min(JOIN_CLAIM_DELAY_S, behind.estimated_s / 4) > 0
+    await asyncio.to_thread(batch.take_joiners_blocking)
+    output = await asyncio.to_thread(batch.run_model)
+    await batch.conclude(output)
+    assert len(sealed) == len(claimed) == 1
+    assert claimed[0] - sealed[0] >= batch.claim_delay_s() * 0.9
+    assert rig.backend.batches == [[behind.items[0].request_id, *joiners]]
+    await rig.both_ended(running, behind, joiners)
 
 
 async def test_the_model_time_stored_ends_with_the_model_not_with_the_hand_over(
