@@ -920,6 +920,14 @@ def main() -> None:
     print(ab_verdict(join_lower(claimed, "announce", CLAIMED_WAYS, CLAIMED_FIGURES)) + "\n")
     print(offer_table(claimed, "announce"))
     print(CLAIMED_AFTER.format(**verdict))
+    delayed = load("frontdoor-claim-delay-ab.json")
+    verdict = delay_verdict(delayed)
+    print(DELAY.format(**verdict))
+    print(delay_probe_table(delayed))
+    print(DELAY_RUNS.format(**verdict))
+    print(ab_verdict(join_lower(delayed, "claim", DELAY_WAYS, DELAY_FIGURES)) + "\n")
+    print(delay_table(delayed))
+    print(DELAY_AFTER.format(**verdict))
     print(EARLIER)
 
 
@@ -2450,6 +2458,81 @@ def claimed_verdict(doc: dict[str, Any]) -> dict[str, str]:
     return verdict
 
 
+DELAY_WAYS = ("claimed after a wait", "claimed at the seal")
+DELAY_FIGURES: dict[str, Any] = {
+    "answered after the model, p50": lambda r, base: after_model(r),
+    **OFFER_FIGURES,
+    "the roles' CPU a request": SEAL_FIGURES["the roles' CPU a request"],
+}
+DELAY_HOPS = (
+    ("seal_done", "the next batch's box sealed (its model starts)"),
+    ("claim_begins", "the next batch's joiners' claim begins"),
+    ("claim_done", "the next batch's joiners' claim done"),
+    ("results_sent", "this batch's results statement sent"),
+    ("results_back", "this batch's results statement back"),
+    ("published", "their notification published"),
+    ("api_heard", "the API has the notification (from here on, p50 over the requests)"),
+    ("resumed", "the request's long-poll resumes"),
+    ("answered", "its caller has the answer"),
+)
+
+
+def delay_probe_table(doc: dict[str, Any]) -> str:
+    """The probe's steps after a model's end, p50, before the change and with it."""
+    before, after = doc["probe"]["before"], doc["probe"]["after"]
+    head = [
+        "from a batch's model end, p50 ms",
+        f"claimed at the seal ({before['code']})",
+        f"claimed after a wait ({after['code']})",
+    ]
+    return table(head, [[label, before[key], after[key]] for key, label in DELAY_HOPS])
+
+
+def delay_table(doc: dict[str, Any]) -> str:
+    return gap_table(
+        doc,
+        "claim",
+        {
+            "answered after the model, p50 ms": lambda r, _: after_model(r),
+            "missed the batch ahead": lambda r, _: f"{r['missed']['count']} of {r['missed']['of']}",
+            "roles' CPU ms": lambda r, _: round(sum(r["cpu_ms_per_request"].values()), 2),
+        },
+        label="joiners",
+    )
+
+
+def delay_verdict(doc: dict[str, Any]) -> dict[str, str]:
+    """The delayed claim's probe (``old_``/``new_``) and its pairs (a run before the change,
+    then one with it): per rate, the comparisons (a path, a pair) where the time after the
+    model was shorter with the change and their median gain; per way and rate, the means of
+    the time after the model and of the p50 and p99 over the baseline."""
+    verdict = {"new": doc["code"][DELAY_WAYS[0]], "old": doc["code"][DELAY_WAYS[1]]}
+    verdict.update(
+        machine=doc["machine_note"],
+        runs=str(len(doc["runs"]) // 2),
+        probe_command=doc["probe"]["command"],
+    )
+    for name in ("before", "after"):
+        probe = doc["probe"][name]
+        prefix = "old" if name == "before" else "new"
+        verdict.update({f"{prefix}_{k}": f"{v:g}" for k, v in probe.items() if k != "code" and v})
+    sooner = paired(doc, after_model, new_first=False)
+    rows = join_rows(doc, "claim")
+    for rate in (30, 100):
+        gains = [d for name, ds in sooner.items() if name.endswith(f" at {rate}/s") for d in ds]
+        verdict[f"sooner_{rate}"] = f"{sum(d > 0 for d in gains)} of {len(gains)}"
+        verdict[f"gain_{rate}"] = f"{statistics.median(gains):.2f}"
+        for way, name in zip(DELAY_WAYS, ("new", "old"), strict=True):
+            found = [(r, b) for _, w, r, b in rows if w == way and r["offered_rps"] == rate]
+            verdict[f"{name}_after_{rate}"] = (
+                f"{statistics.mean(after_model(r) for r, _ in found):.2f}"
+            )
+            for figure in ("p50", "p99"):
+                gaps = [r[f"{figure}_ms"] - b[f"{figure}_ms"] for r, b in found]
+                verdict[f"{name}_{figure}_{rate}"] = f"{statistics.mean(gaps):.1f}"
+    return verdict
+
+
 def after_model(r: dict[str, Any]) -> float:
     """A round's p50 from each request's model end to its caller's answer."""
     return float(r["after_model_ms"]["p50_ms"])
@@ -3954,6 +4037,53 @@ SQLite. The embedded mode is for one machine's development and demos; the
 full stack is the deployment the goals are about.
 """
 
+
+DELAY = """
+### The late joiners' claim waits out the answers of the batch before
+
+Where the time after the model goes, on this machine ({machine}): one run at 100/s
+(`{probe_command}`, the service as at {old}, with a temporary patch, not kept: the worker wrote
+when it sent its results statement, had it back and had published the notification, when it
+sealed each box and claimed its joiners; the API when it heard the notification and when each
+long-poll resumed; the callers' answers from the load generator). As a model ends, the slot's
+next batch (sent ahead, its lease taken) seals its box and starts its model, and then, on its
+pool process's loop, claims the late joiners it found there (a Postgres statement). That claim
+ran in the middle of the answers of the batch that had just ended: its results statement was
+on the wire from {old_results_sent} ms, the claim from {old_claim_begins} ms to {old_claim_done}
+ms (p50, from the model's end), and in {old_beside_claim} of {old_batches} batches the two
+overlapped (the results statement's round trip {old_results_round_trip_beside_claim} ms then,
+{old_results_round_trip_alone} ms otherwise; the claim's own {old_claim_round_trip} ms), on two
+cores shared with the API, Redis and the load generator answering the same batch.
+
+The claim only has to commit before the batch's results are written (the worker waits for it
+then, as before, and before writing any member's result early): the joiners already run with
+the model. Now
+it begins `JOIN_CLAIM_DELAY_S` (10 ms) after the seal, or a quarter of the batch's estimated
+time where that is shorter ({new}; `OpenBatch._claim_joiners`, `batchserve/workers/runner.py`).
+Test: `tests/unit/test_late_joiners.py` (the claim begins that long after the seal, the model
+done sooner waits for it, the joiners' answers are kept; it fails without the wait). The same
+probe with the change, a run just after the first:
+"""
+
+DELAY_RUNS = """
+With the change no results statement overlapped a claim (its round trip {new_results_round_trip}
+ms, p50; the claim's {new_claim_round_trip} ms), the notification left {new_published} ms after
+the model's end ({old_published} before) and the median caller had its answer at
+{new_answered} ms ({old_answered}). {runs} alternating pairs of the frontdoor command at 30 and
+100/s, a run of {old} then one of the change ([frontdoor-claim-delay-ab.json](frontdoor-claim-delay-ab.json);
+{machine}); where every run of one way was below every run of the other:
+"""
+
+DELAY_AFTER = """
+The time after the model was shorter with the change than in the run just before it in
+{sooner_100} comparisons at 100/s (a path, a pair; by a median of {gain_100} ms; a run's mean
+{new_after_100} ms against {old_after_100}) and {sooner_30} at 30/s (by {gain_30} ms; {new_after_30}
+against {old_after_30}). The whole latency moved less than runs of the same code move: over
+the baseline at 100/s, a run's mean p50 +{new_p50_100} ms with the change, +{old_p50_100} ms
+before, p99 +{new_p99_100} and +{old_p99_100}; at 30/s p50 +{new_p50_30} and +{old_p50_30},
+p99 +{new_p99_30} and +{old_p99_30}. Kept: the probe shows the mechanism and the runs lean its
+way, the roles' CPU overlapping; no goal's verdict moves with it.
+"""
 
 EARLIER = """
 ## Earlier changes

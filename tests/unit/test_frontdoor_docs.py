@@ -1372,6 +1372,36 @@ def test_fewer_requests_miss_the_batch_ahead_with_the_batch_announced_once_claim
     assert "Kept: the probe shows the mechanism" in PROSE
 
 
+def test_the_joiners_claim_after_a_wait_clears_the_answers_of_the_batch_before() -> None:
+    """The page's "Kept": in the probe the claim overlapped most results statements before
+    the change and none with it, which then ran shorter, and the notification and the median
+    answer came sooner; in most pairs at each rate the change's run answered sooner after the
+    model than the run before it, its mean lower, while the p50 and p99 over the baseline and
+    the roles' CPU overlapped."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import frontdoor_docs
+
+    doc = _run("frontdoor-claim-delay-ab.json")
+    _every_caller_answered(doc)
+    before, after = doc["probe"]["before"], doc["probe"]["after"]
+    assert before["beside_claim"] > before["batches"] // 2 and after["beside_claim"] == 0
+    assert after["claim_begins"] > after["results_back"] and before["claim_begins"] < 2.0
+    assert before["results_round_trip_beside_claim"] > before["results_round_trip_alone"]
+    for step in ("results_round_trip", "published", "api_heard", "answered"):
+        assert after[step] < before[step], step
+    verdict = frontdoor_docs.delay_verdict(doc)
+    for rate in (30, 100):
+        sooner, of = (int(n) for n in verdict[f"sooner_{rate}"].split(" of "))
+        assert sooner > of // 2
+        assert float(verdict[f"new_after_{rate}"]) < float(verdict[f"old_after_{rate}"])
+    lower = frontdoor_docs.join_lower(
+        doc, "claim", frontdoor_docs.DELAY_WAYS, frontdoor_docs.DELAY_FIGURES
+    )
+    for figure in ("p50 over the baseline", "p99 over the baseline", "the roles' CPU a request"):
+        assert lower[figure] == [], figure
+    assert "Kept: the probe shows the mechanism and the runs lean its" in PROSE
+
+
 def test_after_the_model_batchserve_answers_later_than_the_baseline_in_every_round() -> None:
     """The page's split of goal 1's gap: in every round batchserve's callers had their answers
     later after their batch's model than the baseline's (the same run and rate), every caller
