@@ -108,6 +108,14 @@ def test_a_state_change_carries_its_records_across_the_wire_whole() -> None:
     )
     assert decoded.records_for([str(full.id), "other"]) == {str(full.id): full}
     assert encode_event(decoded) == encode_event(change)  # passed on as it came
+    # What any version's record_from_wire reads: uuids as strings, times in ISO 8601 with
+    # their offset, enums by value, every field by name.
+    wire = orjson.loads(encode_event(change))["records"][0]
+    assert list(wire) == [f.name for f in dataclasses.fields(full)]
+    assert wire["id"] == str(full.id) and wire["batch_id"] == str(full.batch_id)
+    assert wire["created_at"] == full.created_at.isoformat() and "+" in wire["created_at"]
+    assert (wire["state"], wire["lane"]) == (full.state.value, full.lane.value)
+    assert full.timings is not None and wire["timings"] == dataclasses.asdict(full.timings)
     plain = StateChange(("r1",), RequestState.RUNNING, "b1")
     assert "records" not in orjson.loads(encode_event(plain))
     assert decode_event(encode_event(plain)) == plain
