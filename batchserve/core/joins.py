@@ -7,8 +7,10 @@ batch sent behind a running one, with room, is *joinable*: until its model start
 offers it the requests that arrive (what the worker runs: input, parameters, when it was
 created and when the batcher held it) in the batch's join box. The worker seals the box the
 moment its slot frees, takes what was offered and runs it with the rest at once, while it
-claims those still queued into the batch (one statement, fenced by the batch's attempt); its
-results write waits for that claim and keeps only the answers of those it claimed.
+claims those still queued into the batch (one statement, fenced by the batch's attempt, begun a
+few milliseconds later, clear of the batch before's answers: ``JOIN_CLAIM_DELAY_S`` in
+``batchserve/workers/runner.py``); its results write waits for that claim and keeps only the
+answers of those it claimed.
 
 The API offers too: the batcher announces each joinable batch (``BatchJoinable``, with the
 box's capacity), and the API puts a request it is admitting in the box at once, the offer

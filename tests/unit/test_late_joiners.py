@@ -1,7 +1,8 @@
 """Late joiners, stepped with a fake clock: the batcher and a worker's runner on one store.
 
 A batch sent behind a running one with room takes the requests that arrive before its model
-starts; the worker claims them as its model starts and runs them with the rest. An offer
+starts; the worker takes them as its model starts, runs them with the rest and claims them
+a moment later (``JOIN_CLAIM_DELAY_S``). An offer
 after that is refused and the request waits for the next batch; an offer the worker never
 took (its batch reaped first) comes back to the batcher. Every request ends once, each
 broker delivery is acked once, and only when its request is no longer queued.
