@@ -2522,7 +2522,8 @@ def delay_verdict(doc: dict[str, Any]) -> dict[str, str]:
     for name in ("before", "after"):
         probe = doc["probe"][name]
         prefix = "old" if name == "before" else "new"
-        verdict.update({f"{prefix}_{k}": f"{v:g}" for k, v in probe.items() if k != "code" and v})
+        figures = {k: v for k, v in probe.items() if k != "code" and v is not None}
+        verdict.update({f"{prefix}_{k}": f"{v:g}" for k, v in figures.items()})
     sooner = paired(doc, after_model, new_first=False)
     rows = join_rows(doc, "claim")
     for rate in (30, 100):
@@ -2680,8 +2681,8 @@ def overflow_verdict(doc: dict[str, Any]) -> dict[str, str]:
         "baseline_overflows": span(
             [r["tcp"]["listen_overflows"] for r in rows if r["path"] == "baseline"], 0
         ),
-        "p99_750": f"{min(p99[750.0]):.0f}-{max(p99[750.0]):.0f}",
-        "p99_1000": f"{min(p99[1000.0]):.0f}-{max(p99[1000.0]):.0f}",
+        "p99_750": span(p99[750.0], 0),
+        "p99_1000": span(p99[1000.0], 0),
     }
 
 
@@ -4000,10 +4001,10 @@ deployment and {ingest_runs} of single submits, in turn
 XEON_INGEST = """
 Both batchserve paths served {longpoll_rps}/s (long-poll) and {sync_rps}/s (synchronous) of the
 1,000 offered, neither path {served_bound} of it in any of the {seeds_runs} runs; the API's
-accept queue overflowed
-({overflows} connections a round, the baseline's {baseline_overflows}), and {unanswered} of
-{calls} callers had no answer: the kernel reset each one's connection ({resets} resets counted
-in all), none was refused by the API and every answer was the caller's own. Single submits:
+accept queue overflowed ({overflows} connections a round, the baseline's {baseline_overflows}),
+and {unanswered} of {calls} callers had no answer: the kernel reset each one's connection
+({resets} resets counted in all), none was refused by the API and every answer was the
+caller's own. Single submits:
 """
 
 XEON_AFTER = """
