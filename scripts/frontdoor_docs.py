@@ -2439,6 +2439,16 @@ CLAIMED_FIGURES: dict[str, Any] = {
 }
 
 
+def probe_figures(doc: dict[str, Any]) -> dict[str, str]:
+    """A probe's figures before the change and with it (``old_``/``new_``), those it has."""
+    return {
+        f"{name}_{k}": f"{v:g}"
+        for name, probe in (("old", doc["probe"]["before"]), ("new", doc["probe"]["after"]))
+        for k, v in probe.items()
+        if k != "code" and v is not None
+    }
+
+
 def claimed_verdict(doc: dict[str, Any]) -> dict[str, str]:
     """The announcement's runs (pairs: a run before the change, then one with it): at 100/s
     per path, the requests a run that missed the batch ahead and the p99 over the baseline,
@@ -2446,8 +2456,7 @@ def claimed_verdict(doc: dict[str, Any]) -> dict[str, str]:
     over both paths each way; the probe's figures before the change and with it
     (``old_``/``new_``)."""
     verdict = offer_verdict(doc, "announce", CLAIMED_WAYS)
-    for name, probe in (("old", doc["probe"]["before"]), ("new", doc["probe"]["after"])):
-        verdict.update({f"{name}_{k}": f"{v:g}" for k, v in probe.items() if k != "code"})
+    verdict.update(probe_figures(doc))
     rows = [(w, r, b) for _, w, r, b in join_rows(doc, "announce") if r["offered_rps"] == 100]
     missed = paired(doc, lambda r: r["missed"]["count"], new_first=False)
     p99 = paired(doc, lambda r: r["p99_ms"], new_first=False)
@@ -2519,11 +2528,7 @@ def delay_verdict(doc: dict[str, Any]) -> dict[str, str]:
         runs=str(len(doc["runs"]) // 2),
         probe_command=doc["probe"]["command"],
     )
-    for name in ("before", "after"):
-        probe = doc["probe"][name]
-        prefix = "old" if name == "before" else "new"
-        figures = {k: v for k, v in probe.items() if k != "code" and v is not None}
-        verdict.update({f"{prefix}_{k}": f"{v:g}" for k, v in figures.items()})
+    verdict.update(probe_figures(doc))
     sooner = paired(doc, after_model, new_first=False)
     rows = join_rows(doc, "claim")
     for rate in (30, 100):
