@@ -118,7 +118,7 @@ class ApiProcesses:
     def _child(self, index: int, sock: socket.socket) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)  # uvicorn installs its own
-        _end_with_parent()
+        end_with_parent()
         from batchserve.api.main import create_app
         from batchserve.api.server import serve_api
 
@@ -140,8 +140,9 @@ class ApiProcesses:
         return 0
 
 
-def _end_with_parent() -> None:
-    """SIGTERM this process when its parent dies (Linux), so none holds the port after it."""
+def end_with_parent() -> None:
+    """SIGTERM this process when its parent dies (Linux), so none holds the port after it
+    (an API process; the bench's baseline server)."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -19,6 +19,7 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel
 
+from batchserve.api.processes import end_with_parent
 from batchserve.core import loops
 
 
@@ -105,6 +106,7 @@ def main() -> None:
     parser.add_argument("--batch-ms", type=float, default=100.0)
     parser.add_argument("--slots", type=int, default=1)
     args = parser.parse_args()
+    end_with_parent()  # a bench killed outright leaves no server behind
     # Served as batchserve's API is (roles.py): uvloop, its collector tuned, httptools, no
     # access log.
     app = create_app(args.batch, args.batch_ms / 1000.0, args.slots)

@@ -247,7 +247,7 @@ async def embeddings_scenario(
     spec: ModelSpec, *, count: int, one_at_a_time: int, seed: int = 7, say: Any = print
 ) -> EmbeddingBench:
     """Every figure of the module docstring, in one run."""
-    from batchserve.bench.stack import BenchDeployment
+    from batchserve.bench.stack import BenchDeployment, settled
     from batchserve.core.settings import load_settings
     from batchserve.models.hf import cpu_threads
 
@@ -267,9 +267,8 @@ async def embeddings_scenario(
     deployment = BenchDeployment(
         load_settings(), {}, workers=1, extra_models={name: _model_toml(name, spec)}
     )
-    await deployment.start()
-    try:
-        await asyncio.to_thread(_start_model, deployment, name)
+    async with deployment.running():
+        await settled(deployment.stack, _start_model, deployment, name)
         url, headers = deployment.url, deployment.headers
         await run_calls(url, headers, name, texts(16, seed + 2), 4, "warm-up")
         record(
@@ -281,8 +280,6 @@ async def embeddings_scenario(
             await run_calls(url, headers, name, texts(count, seed + 4), 64, "service-concurrent")
         )
         record(await run_job(url, headers, name, texts(count, seed + 5), "service-batch-job"))
-    finally:
-        await deployment.stop()
     return bench
 
 

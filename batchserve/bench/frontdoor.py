@@ -41,6 +41,7 @@ from batchserve.bench.stack import (
     percentile,
     server_cpu_per,
     server_cpu_s,
+    settled,
     summary_ms,
     tcp_counters,
     tcp_delta,
@@ -153,12 +154,12 @@ _MISSED = (
 
 async def run_frontdoor(deployment: BenchDeployment, plan: FrontDoorPlan) -> dict[str, Any]:
     baseline = Baseline(deployment.log_dir, plan.variant, plan.workers)
-    await baseline.start()
-    await deployment.start_variant(plan.variant)
     try:
+        await baseline.start()
+        await deployment.start_variant(plan.variant)
         rows = await run_paths(deployment, baseline, plan, deployment)
     finally:
-        await asyncio.to_thread(baseline.stop)
+        await settled(deployment.stack, baseline.stop)
         await deployment.stop_variant(plan.variant)
     ideal = plan.variant.ideal_rps(plan.workers)
     return {

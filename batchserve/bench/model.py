@@ -418,7 +418,7 @@ async def model_scenario(
 
     import torch
 
-    from batchserve.bench.stack import BenchDeployment
+    from batchserve.bench.stack import BenchDeployment, settled
     from batchserve.core.settings import load_settings
     from batchserve.models.hf import cpu_threads, dtype_name, load_tokenizer
 
@@ -467,11 +467,10 @@ async def model_scenario(
     if vllm:
         models["bench-vllm"] = _model_toml("bench-vllm", "vllm", spec)
     deployment = BenchDeployment(load_settings(), {}, workers=1, extra_models=models)
-    await deployment.start()
-    try:
+    async with deployment.running():
         for name in models:
             python = str(VLLM_PYTHON) if name == "bench-vllm" else None
-            await asyncio.to_thread(_start_model, deployment, name, python)
+            await settled(deployment.stack, _start_model, deployment, name, python)
             warm = chat_workload(tokenizer, 4, nonce())
             await run_service(deployment.url, deployment.headers, name, warm, 8, "warm-up")
             label = name.replace("bench-", "service-")
@@ -490,9 +489,7 @@ async def model_scenario(
                     deployment.url, deployment.headers, name, tokenizer, duration_s=mixed_s
                 )
                 say(f"mixed: {bench.mixed}")
-            await asyncio.to_thread(_stop_model, deployment, name)
-    finally:
-        await deployment.stop()
+            await settled(deployment.stack, _stop_model, deployment, name)
     return bench
 
 

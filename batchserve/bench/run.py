@@ -84,11 +84,8 @@ async def run_scenarios(names: list[str], options: BenchOptions) -> list[dict[st
         )
         before = machine()
         started = time.monotonic()
-        await deployment.start()
-        try:
+        async with deployment.running():
             doc = await _run_one(name, deployment, options, catalogue)
-        finally:
-            await deployment.stop()
         doc["machine"] = {"before": before, "after": machine()}
         doc["api_processes"] = options.api_processes
         doc["role_log_level"] = options.role_log_level

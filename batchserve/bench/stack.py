@@ -22,10 +22,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import psycopg
@@ -111,6 +111,24 @@ def summary_ms(values_s: Sequence[float]) -> dict[str, float]:
         "p99_ms": round(percentile(ms, 0.99), 2),
         "mean_ms": round(sum(ms) / len(ms), 2) if ms else math.nan,
     }
+
+
+T = TypeVar("T")
+
+
+async def settled(stack: Stack, call: Callable[..., T], *args: Any) -> T:
+    """``call(*args)`` in a thread, as ``asyncio.to_thread``, except that a caller cancelled
+    meanwhile (a SIGTERM, a Ctrl-C) interrupts the stack (its starts and waits give up at their
+    next step) and waits for the thread to end before its cancellation goes on: the cleanup
+    that follows finds every role the thread started."""
+    running = asyncio.ensure_future(asyncio.to_thread(call, *args))
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        stack.interrupt()
+        with contextlib.suppress(Exception):
+            await running
+        raise
 
 
 class TerminalClock:
@@ -212,8 +230,18 @@ class BenchDeployment:
     def dsn(self) -> str:
         return self.database_url.replace("postgresql+psycopg://", "postgresql://")
 
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[BenchDeployment]:
+        """Started, then stopped and removed however the block ends: a start cut short (a
+        SIGTERM, a Ctrl-C, a role that did not come up) stops what it had started."""
+        try:
+            await self.start()
+            yield self
+        finally:
+            await self.stop()
+
     async def start(self) -> None:
-        await asyncio.to_thread(self._start_blocking)
+        await settled(self.stack, self._start_blocking)
         await self.clock.start()
 
     def _start_blocking(self) -> None:
@@ -229,7 +257,7 @@ class BenchDeployment:
 
     async def start_variant(self, variant: Variant) -> None:
         """The variant's batcher and its worker with W slots, once they are announced."""
-        await asyncio.to_thread(self._start_variant_blocking, variant)
+        await settled(self.stack, self._start_variant_blocking, variant)
 
     def _start_variant_blocking(self, variant: Variant) -> None:
         self.stack.start(f"batcher:{variant.label}", "batcher", "--model", variant.name)
@@ -253,7 +281,7 @@ class BenchDeployment:
                 if role in self.stack.roles:
                     self.stack.stop(role, timeout_s=15)
 
-        await asyncio.to_thread(stop)
+        await settled(self.stack, stop)
 
     def cpu_s(self) -> dict[str, float]:
         """CPU seconds used so far by each running role (a worker with its pool), by role kind:
@@ -289,7 +317,7 @@ class BenchDeployment:
 
     async def stop(self) -> None:
         await self.clock.close()
-        await asyncio.to_thread(self._stop_blocking)
+        await settled(self.stack, self._stop_blocking)
 
     def _profile(self, name: str) -> None:
         if self.profile_role is None or self._profiler is not None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from batchserve.bench.stack import BenchDeployment
+from batchserve.bench.stack import BenchDeployment, settled
 from batchserve.bench.streaming import StreamingPlan, Workload, compare_model
 from batchserve.models.plugins import is_engine
 from batchserve.models.registry import ModelSpec, Registry
@@ -59,11 +59,10 @@ async def streaming_scenario(
     )
     before, started = machine(), time.monotonic()
     results: list[dict[str, Any]] = []
-    await deployment.start()
-    try:
+    async with deployment.running():
         for workload, spec in zip(plan.workloads, specs, strict=True):
             kind = "engine" if is_engine(spec) else "batch"
-            await asyncio.to_thread(_start_model, deployment, spec.name, kind, plan.workers)
+            await settled(deployment.stack, _start_model, deployment, spec.name, kind, plan.workers)
             result = await compare_model(deployment, workload, plan, kind, say)
             if plan.client and tokenizer is not None:
                 result.client = await asyncio.to_thread(
@@ -74,10 +73,8 @@ async def streaming_scenario(
                     f"{workload.model} {c['client']}: TTFT p50 {c['ttft_p50_ms']:.1f} ms, "
                     f"ITL p50 {c['itl_p50_ms']:.2f} ms, {c['request_throughput']:.1f} requests/s"
                 )
-            await asyncio.to_thread(_stop_model, deployment, spec.name)
+            await settled(deployment.stack, _stop_model, deployment, spec.name)
             results.append(result.as_dict())
-    finally:
-        await deployment.stop()
     return {
         "scenario": "streaming",
         "concurrency": plan.concurrency,

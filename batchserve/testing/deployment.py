@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +81,18 @@ class Stack:
     ops_port: int = field(default_factory=free_port)  # the API's /metrics and dashboard
     roles: dict[str, Role] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)  # tenant -> API key
+    # Set by :meth:`interrupt`: no role starts any more and every wait gives up.
+    interrupted: threading.Event = field(default_factory=threading.Event)
+
+    def interrupt(self) -> None:
+        """Whoever uses the deployment is stopping (a SIGTERM, a Ctrl-C) while a thread may be
+        starting roles or waiting for them: that thread gives up at its next step, so the
+        deployment's stop, after it, finds every role it will ever have."""
+        self.interrupted.set()
+
+    def _check_interrupted(self) -> None:
+        if self.interrupted.is_set():
+            raise RuntimeError("the deployment is stopping")
 
     @property
     def url(self) -> str:
@@ -112,6 +125,7 @@ class Stack:
         with this interpreter or ``python`` (an engine's own environment).
 
         Without ``args`` a known role restarts with the arguments it had."""
+        self._check_interrupted()
         role = self.roles.get(name)
         log_path = self.log_dir / f"{name.replace(':', '_')}.log"
         if role is None or args:
@@ -162,6 +176,7 @@ class Stack:
     def wait_http(self, timeout_s: float = 30.0) -> None:
         give_up = time.monotonic() + timeout_s
         while time.monotonic() < give_up:
+            self._check_interrupted()
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
                     return
@@ -176,6 +191,7 @@ class Stack:
         give_up = time.monotonic() + timeout_s
         try:
             while time.monotonic() < give_up:
+                self._check_interrupted()
                 live = client.zrangebyscore(f"{prefix}.workers.{model}", time.time(), "+inf")
                 names = [str(w, "utf-8") if isinstance(w, bytes) else str(w) for w in live]
                 values = client.hmget(f"{prefix}.worker_slots.{model}", names) if names else []

@@ -9,6 +9,10 @@ process would (``runpy``, ``__main__``, exit code), as a real separate process w
 The template is a child of the process that uses it; since the roles are the template's
 children, it reaps them and reports their exit codes back over its stdout, and
 :class:`ForkedProcess` answers ``poll``/``wait``/``send_signal`` like ``subprocess.Popen``.
+When its user goes away (its stdin closes: closed at exit, or the user killed) the template
+ends the roles still running, each with what it started, as a deployment's stop would
+(SIGTERM, SIGKILL after ``grace_s``): no role outlives the process that asked for it. It
+ignores SIGINT: a Ctrl-C reaches the user, whose cleanup still needs it.
 
 Only modules that read nothing from the environment when imported are imported in the
 template (settings, metrics' multiprocess mode and the rest are read when a role starts), and
@@ -29,6 +33,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -47,6 +52,10 @@ WARM = (
     "celery.concurrency.prefork",
     "kombu.transport.pyamqp",
 )
+
+# How long roles left running when the user goes away have to stop before they are killed
+# (a role's graceful stop takes seconds: a Celery worker's about four).
+GRACE_S = 10.0
 
 
 class ForkedProcess:
@@ -85,9 +94,9 @@ class ForkedProcess:
 class Forkserver:
     """The client side: starts the template, asks it for children, hears their exits."""
 
-    def __init__(self) -> None:
+    def __init__(self, grace_s: float = GRACE_S) -> None:
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "batchserve.testing.forkserver"],
+            [sys.executable, "-m", "batchserve.testing.forkserver", f"{grace_s:g}"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=Path(__file__).resolve().parents[2],
@@ -100,6 +109,7 @@ class Forkserver:
         self._codes: dict[int, int] = {}
         self._spawned: list[int | str] = []
         self._closed = False
+        self._grace_s = grace_s
         ready = json.loads(self._replies.readline() or b'{"error": "the template died"}')
         if "ready" not in ready:
             raise RuntimeError(f"forkserver: {ready.get('error')}")
@@ -155,11 +165,12 @@ class Forkserver:
         return self._process.poll() is None and not self._closed
 
     def close(self) -> None:
-        """End the template (its running children are the deployments' to stop)."""
+        """End the template: it ends any role still running (the deployments stop theirs
+        first, so there are none but what a failed test left)."""
         with contextlib.suppress(OSError):
             self._requests.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self._process.wait(timeout=5)
+            self._process.wait(timeout=self._grace_s + 10)
 
 
 _shared: Forkserver | None = None
@@ -186,10 +197,11 @@ def shared() -> Forkserver | None:
 
 
 def _reply(message: dict[str, Any]) -> None:
-    os.write(1, json.dumps(message).encode() + b"\n")
+    with contextlib.suppress(BrokenPipeError):  # the user is gone: nobody to tell
+        os.write(1, json.dumps(message).encode() + b"\n")
 
 
-def _reap() -> None:
+def _reap(running: set[int]) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -197,7 +209,27 @@ def _reap() -> None:
             return
         if pid == 0:
             return
+        running.discard(pid)
         _reply({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _end_roles(running: set[int], selector: selectors.BaseSelector, grace_s: float) -> None:
+    """The user went away: SIGTERM each role still running and what it started (its process
+    group; a role not yet reaped still holds its pid, so the group is the role's), and SIGKILL
+    those left after ``grace_s``."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        for pid in running:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGCONT)  # a stopped role must be continued to hear it
+                os.killpg(pid, sig)
+        give_up = time.monotonic() + wait_s
+        while running and time.monotonic() < give_up:
+            for key, _ in selector.select(timeout=0.1):
+                if key.data == "signal":
+                    os.read(key.fd, 4096)
+            _reap(running)
+        if not running:
+            return
 
 
 def _child(request: dict[str, Any], selector: selectors.BaseSelector, wakeup: int) -> None:
@@ -208,6 +240,7 @@ def _child(request: dict[str, Any], selector: selectors.BaseSelector, wakeup: in
     signal.set_wakeup_fd(-1)
     os.close(wakeup)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -224,7 +257,7 @@ def _child(request: dict[str, Any], selector: selectors.BaseSelector, wakeup: in
     sys.exit(0)
 
 
-def _serve() -> None:
+def _serve(grace_s: float) -> None:
     # A process inherits the signal mask of the thread that started it, and an event loop's
     # executor threads block signals: a template started from one would hand every role a
     # blocked SIGTERM (no graceful stop, ever). Roles start with nothing blocked.
@@ -244,6 +277,8 @@ def _serve() -> None:
     os.set_blocking(write_end, False)
     signal.set_wakeup_fd(write_end)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # the wakeup fd hears it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    running: set[int] = set()  # the roles forked and not yet reaped
     selector = selectors.DefaultSelector()
     selector.register(0, selectors.EVENT_READ, "request")
     selector.register(read_end, selectors.EVENT_READ, "signal")
@@ -254,11 +289,13 @@ def _serve() -> None:
         for key, _ in selector.select():
             if key.data == "signal":
                 os.read(read_end, 4096)
-                _reap()
+                _reap(running)
                 continue
             chunk = requests.read(65536)
-            if not chunk:
-                return  # the user went away
+            if not chunk:  # the user went away
+                selector.unregister(0)
+                _end_roles(running, selector, grace_s)
+                return
             pending += chunk
             while b"\n" in pending:
                 line, pending = pending.split(b"\n", 1)
@@ -271,9 +308,10 @@ def _serve() -> None:
                 if pid == 0:
                     os.close(read_end)
                     _child(request, selector, write_end)
+                running.add(pid)
                 _reply({"pid": pid})
-        _reap()
+        _reap(running)
 
 
 if __name__ == "__main__":
-    _serve()
+    _serve(float(sys.argv[1]) if len(sys.argv) > 1 else GRACE_S)

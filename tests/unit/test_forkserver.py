@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from batchserve.testing.deployment import free_port, terminate
-from batchserve.testing.forkserver import Forkserver
+from batchserve.testing.deployment import ROOT, free_port, terminate
+from batchserve.testing.forkserver import GRACE_S, Forkserver
 
 
 @pytest.fixture(scope="module")
@@ -164,3 +164,70 @@ def test_terminate_asks_first_and_kills_what_does_not_listen() -> None:
     terminate(interrupted, 10, signal.SIGINT)
     assert interrupted.returncode == -signal.SIGINT  # it stopped by the signal asked for
     interrupted.stdout.close()
+
+
+_USER = """
+import os, sys, time
+from pathlib import Path
+from batchserve.testing.forkserver import GRACE_S, Forkserver
+from batchserve.testing.deployment import free_port
+logs = Path(sys.argv[1])
+server = Forkserver(grace_s=1.0)
+env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": os.getcwd()}
+polite = server.spawn([str(free_port())], env=env, cwd=logs, log=logs / "polite.log",
+                      module="http.server")
+stubborn = server.spawn([], env=env, cwd=logs, log=logs / "stubborn.log",
+                        module="tests.support.stubborn_role")
+print(server._process.pid, polite.pid, stubborn.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def _gone(pid: int) -> bool:
+    """Ended: no such process, or only its exit status left to collect."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] in ("Z", "X")
+
+
+def test_the_roles_end_when_their_user_is_killed(tmp_path: Path) -> None:
+    """A test process killed mid-run (a CI timeout, SIGKILL) cannot stop its deployments: the
+    template, seeing its user gone, ends each role still running and what the role started,
+    SIGKILL for one that ignores SIGTERM once the grace is out."""
+    user = subprocess.Popen(
+        [sys.executable, "-c", _USER, str(tmp_path)], stdout=subprocess.PIPE, cwd=ROOT
+    )
+    assert user.stdout is not None
+    template, polite, stubborn = (int(p) for p in user.stdout.readline().split())
+    started = time.monotonic()
+    helper = 0
+    while not helper and time.monotonic() - started < 30:
+        log = tmp_path / "stubborn.log"
+        text = log.read_text() if log.exists() else ""
+        helper = int(text.split()[1]) if text.startswith("pids ") else 0
+        time.sleep(0.05)
+    assert helper and not any(_gone(p) for p in (template, polite, stubborn, helper))
+    user.kill()
+    user.wait(timeout=10)
+    user.stdout.close()
+    give_up = time.monotonic() + 30
+    while time.monotonic() < give_up and not all(
+        _gone(p) for p in (template, polite, stubborn, helper)
+    ):
+        time.sleep(0.1)
+    assert _gone(polite) and _gone(stubborn) and _gone(helper) and _gone(template)
+    assert GRACE_S == 10.0  # the grace a role has by default, as the README says
+
+
+def test_the_template_leaves_a_ctrl_c_to_its_user(template: Forkserver, tmp_path: Path) -> None:
+    """Ctrl-C signals the terminal's whole process group, the template with its user: the
+    template lives on for the user's cleanup (its roles lead groups of their own)."""
+    os.kill(template._process.pid, signal.SIGINT)
+    time.sleep(0.2)
+    assert template.alive()
+    helped = template.spawn(
+        ["api", "--help"], env={"PATH": "/usr/bin"}, cwd=tmp_path, log=tmp_path / "h.log"
+    )
+    assert helped.wait(timeout=30) == 0
