@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from typing import Annotated
 
@@ -60,6 +61,7 @@ def _settings(role: str) -> Settings:
 
 def _role_settings(role: str) -> Settings:
     """A role's settings, once its database's schema is known not to be older than its code."""
+    _end_with_supervisor()
     settings = _settings(role)
     from batchserve.core.migrate import wait_for_schema
 
@@ -68,6 +70,23 @@ def _role_settings(role: str) -> Settings:
         typer.echo(f"batchserve {role}: {problem}", err=True)
         raise typer.Exit(2)
     return settings
+
+
+def _end_with_supervisor() -> None:
+    """A role ``serve`` started ends (SIGTERM: gracefully) when ``serve`` does, even killed
+    outright: an API left behind would hold the port the next ``serve`` needs, and a worker
+    would serve on unsupervised."""
+    from batchserve.cli.supervisor import SUPERVISOR_PID
+
+    supervisor = os.environ.pop(SUPERVISOR_PID, None)
+    if supervisor is None:
+        return
+    from batchserve.api.processes import end_with_parent
+
+    end_with_parent()
+    if os.getppid() != int(supervisor):  # it died before we asked to be told
+        typer.echo("batchserve: the serve that started this role is gone", err=True)
+        raise typer.Exit(1)
 
 
 def _reachable(host: str) -> str:

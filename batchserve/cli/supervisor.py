@@ -15,6 +15,10 @@ from batchserve.core.logs import get_logger
 
 log = get_logger("batchserve.serve")
 
+# Given to each child: the role ends when the process of this pid does (``_end_with_supervisor``
+# in batchserve/cli/main.py).
+SUPERVISOR_PID = "BATCHSERVE_SUPERVISOR_PID"
+
 
 @dataclass
 class Child:
@@ -28,7 +32,7 @@ class Child:
     env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
 
     def start(self) -> None:
-        env = {**os.environ, **self.env} if self.env else None
+        env = {**os.environ, **self.env, SUPERVISOR_PID: str(os.getpid())}
         self.process = subprocess.Popen(self.argv, start_new_session=False, env=env)
         self.started_at = time.monotonic()
         log.info("child_started", name=self.name, child_pid=self.process.pid)

@@ -23,6 +23,7 @@ from batchserve.bench.client import AIPERF
 from batchserve.bench.command import bench as bench_command
 from batchserve.bench.drain import _BatchRow, drain_figures
 from tests.support import servers
+from tests.support.processes import descendants, ended, running
 
 TINY = {
     "saturation": ["--variants", "adaptive,nobatch", "--backlog-s", "2", "--duration", "2"],
@@ -293,30 +294,6 @@ def test_embeddings_measures_batched_against_one_at_a_time(run_id: str) -> None:
     assert all(value > 0 for value in document["ratios"].values())
 
 
-def _descendants(pid: int) -> set[int]:
-    """Every process below ``pid`` (from /proc: what a bench started, and what they did)."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            fields = stat.read_text().rpartition(")")[2].split()
-            parents[int(stat.parent.name)] = int(fields[1])
-    found: set[int] = set()
-    wanted = {pid}
-    while wanted:
-        children = {child for child, parent in parents.items() if parent in wanted}
-        wanted = children - found
-        found |= children
-    return found
-
-
-def _ended(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except FileNotFoundError:
-        return True
-    return state in ("Z", "X")
-
-
 def _queue_exists(name: str) -> bool:
     from amqp.exceptions import NotFound
     from kombu import Connection
@@ -367,7 +344,7 @@ def _signalled_mid_round(run_id: str, sig: int) -> tuple[subprocess.Popen[str], 
             time.sleep(0.5)
         else:
             raise AssertionError(f"no batch ran in the bench's round: {bench.poll()}")
-        started = _descendants(bench.pid)
+        started = descendants(bench.pid)
         assert len(started) >= 5  # its template, API, maintenance, batcher, worker, baseline
         bench.send_signal(sig)
         bench.wait(timeout=120)
@@ -376,7 +353,7 @@ def _signalled_mid_round(run_id: str, sig: int) -> tuple[subprocess.Popen[str], 
             bench.kill()
         bench.wait()
     give_up = time.monotonic() + 30
-    while time.monotonic() < give_up and not all(_ended(p) for p in started):
+    while time.monotonic() < give_up and not all(ended(p) for p in started):
         time.sleep(0.2)
     return bench, database, started
 
@@ -395,7 +372,7 @@ def test_a_stopped_bench_stops_its_deployment_and_removes_what_it_made(
     bench.stderr.close()
     assert bench.returncode == 128 + sig, err[-3000:]
     assert f"stopped by {sig.name}" in err and out == ""
-    assert [p for p in started if not _ended(p)] == []
+    assert running(started) == []
     with psycopg.connect(servers.PG_ADMIN, autocommit=True) as admin:
         assert admin.execute(
             "SELECT count(*) FROM pg_database WHERE datname = %s", (database,)
@@ -423,7 +400,7 @@ def test_a_bench_killed_outright_leaves_no_process_running(run_id: str) -> None:
     namespace = database.removeprefix(f"{servers.DB_PREFIX}{run_id}_")
     try:
         assert bench.returncode == -signal.SIGKILL
-        assert [p for p in started if not _ended(p)] == []
+        assert running(started) == []
     finally:
         servers.drop_database(database)
         servers.delete_redis_keys(namespace)

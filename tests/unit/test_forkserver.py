@@ -18,6 +18,7 @@ import pytest
 
 from batchserve.testing.deployment import ROOT, free_port, terminate
 from batchserve.testing.forkserver import GRACE_S, Forkserver
+from tests.support.processes import ended
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +171,7 @@ _USER = """
 import os, sys, time
 from pathlib import Path
 from batchserve.testing.forkserver import GRACE_S, Forkserver
+from tests.support.processes import ended
 from batchserve.testing.deployment import free_port
 logs = Path(sys.argv[1])
 server = Forkserver(grace_s=1.0)
@@ -181,15 +183,6 @@ stubborn = server.spawn([], env=env, cwd=logs, log=logs / "stubborn.log",
 print(server._process.pid, polite.pid, stubborn.pid, flush=True)
 time.sleep(120)
 """
-
-
-def _gone(pid: int) -> bool:
-    """Ended: no such process, or only its exit status left to collect."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rpartition(")")[2].split()[0] in ("Z", "X")
 
 
 def test_the_roles_end_when_their_user_is_killed(tmp_path: Path) -> None:
@@ -208,16 +201,16 @@ def test_the_roles_end_when_their_user_is_killed(tmp_path: Path) -> None:
         text = log.read_text() if log.exists() else ""
         helper = int(text.split()[1]) if text.startswith("pids ") else 0
         time.sleep(0.05)
-    assert helper and not any(_gone(p) for p in (template, polite, stubborn, helper))
+    assert helper and not any(ended(p) for p in (template, polite, stubborn, helper))
     user.kill()
     user.wait(timeout=10)
     user.stdout.close()
     give_up = time.monotonic() + 30
     while time.monotonic() < give_up and not all(
-        _gone(p) for p in (template, polite, stubborn, helper)
+        ended(p) for p in (template, polite, stubborn, helper)
     ):
         time.sleep(0.1)
-    assert _gone(polite) and _gone(stubborn) and _gone(helper) and _gone(template)
+    assert ended(polite) and ended(stubborn) and ended(helper) and ended(template)
     assert GRACE_S == 10.0  # the grace a role has by default, as the README says
 
 
