@@ -896,6 +896,12 @@ async def test_late_joiners_are_claimed_only_into_an_open_batch_this_attempt_hol
     assert {c.input for c in claimed} == {"b", "c"}
     states = await store.states_of(joiners)
     assert states == {joiners[0]: S.RUNNING, joiners[1]: S.RUNNING, joiners[2]: S.CANCELLED}
+    placed = await store.placements_of([*joiners, str(uuid.uuid4())])  # an unknown id: left out
+    assert placed == {
+        joiners[0]: (S.RUNNING, batch_id),
+        joiners[1]: (S.RUNNING, batch_id),
+        joiners[2]: (S.CANCELLED, None),
+    }
     assert sorted(c.id for c in await store.joined_members(batch_id, joiners)) == sorted(
         joiners[:2]
     )

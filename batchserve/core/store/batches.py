@@ -126,6 +126,10 @@ _QUEUED_INPUTS_PG = (
     "SELECT " + ", ".join(f.name for f in fields(ClaimedRequest)) + " FROM requests"
     " WHERE id = ANY(%(ids)s) AND state = '" + S.QUEUED.value + "'"
 )
+_PLACEMENTS = select(requests_t.c.id, requests_t.c.state, requests_t.c.batch_id).where(
+    requests_t.c.id.in_(bindparam("ids", expanding=True))
+)
+_PLACEMENTS_PG = "SELECT id, state, batch_id FROM requests WHERE id = ANY(%(ids)s)"
 _ASYNC_COMMIT = text("SET LOCAL synchronous_commit = off")
 # join_batch through the engine: the batch open and leased by this attempt, then its growth.
 _HELD = (
@@ -266,11 +270,11 @@ class BatchVerbs(StoreBase):
         ids = [uuid.UUID(i) for i in request_ids]
         if not ids:
             return {}
-        query = select(requests_t.c.id, requests_t.c.state, requests_t.c.batch_id).where(
-            requests_t.c.id.in_(bindparam("ids", expanding=True))
-        )
+        if self.statements is not None:  # one prepared statement, whatever the count
+            found = await self.statements.fetchall(_PLACEMENTS_PG, {"ids": ids})
+            return {str(r["id"]): (S(r["state"]), r["batch_id"]) for r in found}
         async with autocommit(self.engine) as conn:
-            rows = (await conn.execute(query, {"ids": ids})).all()
+            rows = (await conn.execute(_PLACEMENTS, {"ids": ids})).all()
         return {str(r[0]): (S(r[1]), r[2]) for r in rows}
 
     async def start_batch(
