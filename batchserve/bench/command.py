@@ -7,12 +7,9 @@ servers, measures, and removes it. See docs/benchmarks.md for what each one meas
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
-import signal
-import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -223,52 +220,16 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
     (``tune_gc``: start-up's objects out of every pass), and ``open_loop`` turns it off while
     it sends (docs/frontdoor.md, "The load generator timed its own pauses").
 
-    A Ctrl-C or a SIGTERM stops a bench: the run is cancelled, its deployment stopped and
-    removed (roles, database, queues, keys), and the command exits 128 + the signal's number
-    (a second one cuts that cleanup short)."""
+    A Ctrl-C or a SIGTERM stops a bench and removes its deployment (``run_stoppable``)."""
     from batchserve.core.loops import tune_gc
+    from batchserve.testing.deployment import run_stoppable
 
     tune_gc()
     try:
         import uvloop
     except ImportError:
-        run: Callable[[Coroutine[Any, Any, T]], T] = asyncio.run
-    else:
-        run = uvloop.run
-    stopped_by: list[signal.Signals] = []
-    try:
-        return run(_stopped_by_signals(main, stopped_by))
-    except asyncio.CancelledError:
-        if not stopped_by:
-            raise
-        name = stopped_by[0].name
-        typer.echo(f"bench: stopped by {name}; its deployment is stopped and removed", err=True)
-        raise typer.Exit(128 + stopped_by[0]) from None
-
-
-async def _stopped_by_signals(main: Coroutine[Any, Any, T], stopped_by: list[signal.Signals]) -> T:
-    """``main``, cancelled by SIGINT or SIGTERM (where signals can be heard: the main thread),
-    the handlers there before put back after."""
-    if threading.current_thread() is not threading.main_thread():
-        return await main
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-
-    def stop(sig: signal.Signals) -> None:
-        stopped_by.append(sig)
-        task.cancel()
-
-    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    for sig in before:
-        loop.add_signal_handler(sig, stop, sig)
-    try:
-        return await main
-    finally:
-        for sig, handler in before.items():
-            loop.remove_signal_handler(sig)
-            if handler is not None:  # None: not set from Python, nothing to put back
-                signal.signal(sig, handler)
+        return run_stoppable(main, "bench")
+    return run_stoppable(main, "bench", uvloop.run)
 
 
 def _report(documents: list[dict[str, Any]], plot: Path | None, as_json: bool) -> None:

@@ -247,9 +247,10 @@ async def embeddings_scenario(
     spec: ModelSpec, *, count: int, one_at_a_time: int, seed: int = 7, say: Any = print
 ) -> EmbeddingBench:
     """Every figure of the module docstring, in one run."""
-    from batchserve.bench.stack import BenchDeployment, settled
+    from batchserve.bench.stack import BenchDeployment
     from batchserve.core.settings import load_settings
     from batchserve.models.hf import cpu_threads
+    from batchserve.testing.deployment import settled
 
     micro_batch = int(spec.options.get("micro_batch", 64))
     bench = EmbeddingBench(spec.name, cpu_threads(spec), micro_batch)

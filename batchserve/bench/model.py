@@ -418,9 +418,10 @@ async def model_scenario(
 
     import torch
 
-    from batchserve.bench.stack import BenchDeployment, settled
+    from batchserve.bench.stack import BenchDeployment
     from batchserve.core.settings import load_settings
     from batchserve.models.hf import cpu_threads, dtype_name, load_tokenizer
+    from batchserve.testing.deployment import settled
 
     threads = cpu_threads(spec)
     torch.set_num_threads(threads)

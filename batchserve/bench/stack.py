@@ -22,10 +22,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import psycopg
@@ -34,13 +34,10 @@ from sqlalchemy.engine import make_url
 
 from batchserve.core.domain import Event, StateChange
 from batchserve.core.events import RedisEventBus, Subscription
-from batchserve.core.logs import get_logger
 from batchserve.core.migrate import upgrade
 from batchserve.core.settings import Settings
 from batchserve.models.registry import ModelSpec
-from batchserve.testing.deployment import Stack, terminate
-
-log = get_logger("batchserve.bench")
+from batchserve.testing.deployment import Stack, settled, terminate
 
 BATCH_TIME_MS = 100.0
 TENANT = "bench"
@@ -111,24 +108,6 @@ def summary_ms(values_s: Sequence[float]) -> dict[str, float]:
         "p99_ms": round(percentile(ms, 0.99), 2),
         "mean_ms": round(sum(ms) / len(ms), 2) if ms else math.nan,
     }
-
-
-T = TypeVar("T")
-
-
-async def settled(stack: Stack, call: Callable[..., T], *args: Any) -> T:
-    """``call(*args)`` in a thread, as ``asyncio.to_thread``, except that a caller cancelled
-    meanwhile (a SIGTERM, a Ctrl-C) interrupts the stack (its starts and waits give up at their
-    next step) and waits for the thread to end before its cancellation goes on: the cleanup
-    that follows finds every role the thread started."""
-    running = asyncio.ensure_future(asyncio.to_thread(call, *args))
-    try:
-        return await asyncio.shield(running)
-    except asyncio.CancelledError:
-        stack.interrupt()
-        with contextlib.suppress(Exception):
-            await running
-        raise
 
 
 class TerminalClock:
@@ -353,9 +332,9 @@ class BenchDeployment:
             return
         with psycopg.connect(self._admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
-        models = [v.name for v in self.catalogue.values()] + list(self.extra_models)
-        _delete_queues(self.settings, self.run, models)
-        _delete_keys(self.settings, self.run)
+        self.stack.remove_namespace(
+            [v.name for v in self.catalogue.values()] + [*self.extra_models]
+        )
 
 
 # The kernel's TCP counters a front door's rounds report (this host's, all sockets: a benchmark
@@ -451,35 +430,3 @@ def cpu_per(before: dict[str, float], after: dict[str, float], count: int) -> di
         for kind in sorted(after)
         if count
     }
-
-
-def _delete_queues(settings: Settings, namespace: str, models: list[str]) -> None:
-    """A quorum queue left behind costs RabbitMQ a Raft log: remove the run's queues."""
-    from kombu import Connection
-
-    names = [f"{namespace}.webhooks"]
-    for model in models:
-        names += [f"{namespace}.requests.{model}", f"{namespace}.requests.{model}.bulk"]
-        names.append(f"{namespace}.batches.{model}")
-    with contextlib.suppress(OSError), Connection(settings.broker_url, connect_timeout=5) as amqp:
-        channel = amqp.channel()
-        for name in names:
-            try:
-                channel.queue_delete(name)
-            except Exception:  # a closed channel: open another and go on
-                channel = amqp.channel()
-
-
-def _delete_keys(settings: Settings, namespace: str) -> None:
-    import redis
-
-    assert settings.redis_url
-    client = redis.Redis.from_url(settings.redis_url)
-    try:
-        keys = list(client.scan_iter(match=f"{namespace}*", count=1000))
-        if keys:
-            client.delete(*keys)
-    except redis.RedisError as error:
-        log.warning("bench_cleanup_failed", error=error)
-    finally:
-        client.close()

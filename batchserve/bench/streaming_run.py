@@ -12,11 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from batchserve.bench.stack import BenchDeployment, settled
+from batchserve.bench.stack import BenchDeployment
 from batchserve.bench.streaming import StreamingPlan, Workload, compare_model
 from batchserve.models.plugins import is_engine
 from batchserve.models.registry import ModelSpec, Registry
-from batchserve.testing.deployment import ROOT
+from batchserve.testing.deployment import ROOT, settled
 
 
 def registry_toml(spec: ModelSpec) -> str:

@@ -32,7 +32,7 @@ from batchserve.testing.chaos import (
     traffic_body,
     wait_settled,
 )
-from batchserve.testing.deployment import Stack
+from batchserve.testing.deployment import Stack, run_stoppable, settled
 
 log = get_logger("batchserve.chaos")
 
@@ -86,6 +86,7 @@ class ChaosDeployment:
         if not keep:
             with psycopg.connect(self._admin_url, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
+            self.stack.remove_namespace([self.plan.model])
 
     def inject(self, name: str) -> None:
         """Carry out one fault (blocking); every fault leaves the deployment whole again."""
@@ -122,9 +123,9 @@ class ChaosDeployment:
 
 async def run_plan(settings: Settings, plan: ChaosPlan, log_dir: Path, keep: bool) -> ChaosReport:
     deployment = ChaosDeployment(settings, plan, log_dir)
-    await asyncio.to_thread(deployment.start)
     records: list[FaultRecord] = []
     try:
+        await settled(deployment.stack, deployment.start)
         cancel_every = 25
 
         async def cancel_some(session: aiohttp.ClientSession, submitted: Submitted) -> None:
@@ -148,7 +149,9 @@ async def run_plan(settings: Settings, plan: ChaosPlan, log_dir: Path, keep: boo
             await asyncio.sleep(max(0.0, started + at - time.monotonic()))
             records.append(FaultRecord(name, time.time()))
             log.warning("fault_injected", name=name)
-            await asyncio.to_thread(deployment.inject, name)
+            # A fault stopped mid-way (a SIGTERM) is finished first: a restarted server is
+            # up again before the run ends.
+            await settled(deployment.stack, deployment.inject, name)
         load = await traffic
         accepted = [s.request_id for s in load.accepted if s.request_id]
         refused = len(load.submitted) - len(load.accepted) + load.errors
@@ -157,7 +160,7 @@ async def run_plan(settings: Settings, plan: ChaosPlan, log_dir: Path, keep: boo
             audit, deployment.database_url, accepted, refused=refused, faults=records
         )
     finally:
-        await asyncio.to_thread(deployment.stop, keep)
+        await settled(deployment.stack, deployment.stop, keep)
 
 
 def chaos(
@@ -194,7 +197,7 @@ def chaos(
         seed=seed,
     )
     log_dir = Path(tempfile.mkdtemp(prefix="batchserve-chaos-"))
-    report = asyncio.run(run_plan(settings, plan, log_dir, keep))
+    report = run_stoppable(run_plan(settings, plan, log_dir, keep), "chaos")
     if as_json:
         typer.echo(
             json.dumps({**report.as_dict(), "rate": plan.rate, "logs": str(log_dir)}, indent=2)

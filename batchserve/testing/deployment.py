@@ -8,6 +8,7 @@ queue and key namespace, and one API port.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -16,9 +17,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import redis
@@ -27,6 +29,7 @@ from batchserve.testing import forkserver
 from batchserve.testing.forkserver import ForkedProcess
 
 ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
 
 
 STARTUP_ENV = frozenset({"LD_PRELOAD", "PYTHONPATH"})
@@ -250,6 +253,25 @@ class Stack:
                 role.process.kill()
                 role.process.wait(timeout=10)
 
+    def remove_namespace(self, models: list[str]) -> None:
+        """Delete what the deployment made on RabbitMQ (its queues: a quorum queue left behind
+        costs RabbitMQ a Raft log) and on Redis (its keys), once its roles are stopped."""
+        namespace = self.env["BATCHSERVE_NAMESPACE"]
+        names = [f"{namespace}.webhooks"]
+        for model in models:
+            names += [f"{namespace}.requests.{model}", f"{namespace}.requests.{model}.bulk"]
+            names.append(f"{namespace}.batches.{model}")
+        delete_queues(self.env["BATCHSERVE_BROKER_URL"], names)
+        client = redis.Redis.from_url(self.env["BATCHSERVE_REDIS_URL"])
+        try:
+            keys = list(client.scan_iter(match=f"{namespace}*", count=1000))
+            if keys:
+                client.delete(*keys)
+        except redis.RedisError as error:
+            print(f"deployment: its Redis keys not removed: {error}", file=sys.stderr)
+        finally:
+            client.close()
+
     def discard(self) -> None:
         """SIGKILL every role and whatever it started (each role leads its own process group),
         for a test that is done with its deployment: a graceful stop costs a Celery worker 4 s
@@ -266,3 +288,78 @@ class Stack:
     def logs(self, name: str) -> str:
         path = self.roles[name].log_path
         return path.read_text(errors="replace") if path.exists() else ""
+
+
+def delete_queues(broker_url: str, names: list[str]) -> None:
+    """Delete these RabbitMQ queues, over AMQP (best effort: the broker unreachable, nothing)."""
+    from kombu import Connection
+
+    with contextlib.suppress(OSError), Connection(broker_url, connect_timeout=5) as amqp:
+        channel = amqp.channel()
+        for name in names:
+            try:
+                channel.queue_delete(name)
+            except Exception:  # a closed channel: open another and go on
+                channel = amqp.channel()
+
+
+async def settled(stack: Stack, call: Callable[..., T], *args: Any) -> T:
+    """``call(*args)`` in a thread, as ``asyncio.to_thread``, except that a caller cancelled
+    meanwhile (a SIGTERM, a Ctrl-C) interrupts the stack (its starts and waits give up at their
+    next step) and waits for the thread to end before its cancellation goes on: the cleanup
+    that follows finds every role the thread started."""
+    running = asyncio.ensure_future(asyncio.to_thread(call, *args))
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        stack.interrupt()
+        with contextlib.suppress(Exception):
+            await running
+        raise
+
+
+def run_stoppable(
+    main: Coroutine[Any, Any, T],
+    command: str,
+    run: Callable[[Coroutine[Any, Any, T]], T] = asyncio.run,
+) -> T:
+    """``run(main)`` for a command that runs a deployment of its own (``bench``, ``chaos``): a
+    Ctrl-C or a SIGTERM cancels ``main``, whose cleanup stops and removes the deployment (its
+    starts and faults in flight waited out first: :func:`settled`), and the command exits
+    128 + the signal's number (a second signal cuts that cleanup short)."""
+    import typer
+
+    stopped_by: list[signal.Signals] = []
+    try:
+        return run(_stopped_by_signals(main, stopped_by))
+    except asyncio.CancelledError:
+        if not stopped_by:
+            raise
+        name = stopped_by[0].name
+        typer.echo(f"{command}: stopped by {name}; its deployment is stopped", err=True)
+        raise typer.Exit(128 + stopped_by[0]) from None
+
+
+async def _stopped_by_signals(main: Coroutine[Any, Any, T], stopped_by: list[signal.Signals]) -> T:
+    """``main``, cancelled by SIGINT or SIGTERM (where signals can be heard: the main thread),
+    the handlers there before put back after."""
+    if threading.current_thread() is not threading.main_thread():
+        return await main
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+
+    def stop(sig: signal.Signals) -> None:
+        stopped_by.append(sig)
+        task.cancel()
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in before:
+        loop.add_signal_handler(sig, stop, sig)
+    try:
+        return await main
+    finally:
+        for sig, handler in before.items():
+            loop.remove_signal_handler(sig)
+            if handler is not None:  # None: not set from Python, nothing to put back
+                signal.signal(sig, handler)

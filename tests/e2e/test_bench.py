@@ -3,19 +3,12 @@ has every figure, and the figures are sane (not fast: timing is the benchmark's 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
-import redis
 import typer
 from typer.testing import CliRunner
 
@@ -23,7 +16,7 @@ from batchserve.bench.client import AIPERF
 from batchserve.bench.command import bench as bench_command
 from batchserve.bench.drain import _BatchRow, drain_figures
 from tests.support import servers
-from tests.support.processes import descendants, ended, running
+from tests.support.processes import running, signalled_mid_run
 
 TINY = {
     "saturation": ["--variants", "adaptive,nobatch", "--backlog-s", "2", "--duration", "2"],
@@ -306,56 +299,8 @@ def _queue_exists(name: str) -> bool:
     return True
 
 
-def _signalled_mid_round(run_id: str, sig: int) -> tuple[subprocess.Popen[str], str, set[int]]:
-    """``batchserve bench`` (frontdoor) as its own process, sent ``sig`` once its model runs
-    batches (a round in its durable paths): the bench, ended; its database's name; what it had
-    started."""
-    base = f"{servers.DB_PREFIX}{run_id}"
-    env = {
-        **os.environ,
-        "BATCHSERVE_DATABASE_URL": servers.pg_url(base),
-        "BATCHSERVE_BROKER_URL": servers.BROKER_URL,
-        "BATCHSERVE_REDIS_URL": servers.REDIS_URL,
-    }
-    command = ["bench", "--scenario", "frontdoor", "--frontdoor-rates", "20", "--duration", "120"]
-    bench = subprocess.Popen(
-        [sys.executable, "-m", "batchserve.cli", *command, "--workers", "1", "--json"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        database = ""
-        give_up = time.monotonic() + 180
-        while time.monotonic() < give_up and bench.poll() is None:
-            with psycopg.connect(servers.PG_ADMIN, autocommit=True) as admin:
-                row = admin.execute(
-                    "SELECT datname FROM pg_database WHERE datname LIKE %s", (f"{base}_bench%",)
-                ).fetchone()
-            if row is not None:
-                database = row[0]
-                with (
-                    contextlib.suppress(psycopg.Error),
-                    psycopg.connect(servers.PG_ADMIN.rsplit("/", 1)[0] + f"/{database}") as conn,
-                ):
-                    if conn.execute("SELECT count(*) FROM batches").fetchone() != (0,):
-                        break
-            time.sleep(0.5)
-        else:
-            raise AssertionError(f"no batch ran in the bench's round: {bench.poll()}")
-        started = descendants(bench.pid)
-        assert len(started) >= 5  # its template, API, maintenance, batcher, worker, baseline
-        bench.send_signal(sig)
-        bench.wait(timeout=120)
-    finally:
-        if bench.poll() is None:
-            bench.kill()
-        bench.wait()
-    give_up = time.monotonic() + 30
-    while time.monotonic() < give_up and not all(ended(p) for p in started):
-        time.sleep(0.2)
-    return bench, database, started
+MID_ROUND = ["bench", "--scenario", "frontdoor", "--frontdoor-rates", "20", "--duration", "120"]
+MID_ROUND += ["--workers", "1", "--json"]
 
 
 @pytest.mark.usefixtures("live_servers")
@@ -365,26 +310,14 @@ def test_a_stopped_bench_stops_its_deployment_and_removes_what_it_made(
 ) -> None:
     """A Ctrl-C, or a ``kill`` (a CI timeout, systemd), stops a bench mid-round: every process
     it started ends, and its database, queues and keys are gone."""
-    bench, database, started = _signalled_mid_round(run_id, sig)
-    assert bench.stdout is not None and bench.stderr is not None
-    out, err = bench.stdout.read(), bench.stderr.read()
-    bench.stdout.close()
-    bench.stderr.close()
-    assert bench.returncode == 128 + sig, err[-3000:]
-    assert f"stopped by {sig.name}" in err and out == ""
-    assert running(started) == []
-    with psycopg.connect(servers.PG_ADMIN, autocommit=True) as admin:
-        assert admin.execute(
-            "SELECT count(*) FROM pg_database WHERE datname = %s", (database,)
-        ).fetchone() == (0,)
-    namespace = database.removeprefix(f"{servers.DB_PREFIX}{run_id}_")
-    client = redis.Redis.from_url(servers.REDIS_URL)
-    try:
-        assert list(client.scan_iter(match=f"{namespace}*", count=1000)) == []
-    finally:
-        client.close()
+    stopped = signalled_mid_run(run_id, MID_ROUND, sig)
+    assert stopped.process.returncode == 128 + sig, stopped.err[-3000:]
+    assert f"bench: stopped by {sig.name}" in stopped.err and stopped.out == ""
+    assert len(stopped.started) >= 5  # its template, API, maintenance, batcher, worker, baseline
+    assert running(stopped.started) == []
+    assert not stopped.database_exists() and stopped.keys() == []
     model = "bench-adaptive"
-    queues = [f"{namespace}.requests.{model}", f"{namespace}.batches.{model}"]
+    queues = [f"{stopped.namespace}.requests.{model}", f"{stopped.namespace}.batches.{model}"]
     assert not any(_queue_exists(q) for q in queues)
 
 
@@ -393,15 +326,9 @@ def test_a_bench_killed_outright_leaves_no_process_running(run_id: str) -> None:
     """SIGKILL leaves a bench no cleanup of its own: its roles end with their template (which
     sees its user gone) and its baseline server with its parent. Its database, queues and keys
     stay, for the test to remove."""
-    bench, database, started = _signalled_mid_round(run_id, signal.SIGKILL)
-    for stream in (bench.stdout, bench.stderr):
-        assert stream is not None
-        stream.close()
-    namespace = database.removeprefix(f"{servers.DB_PREFIX}{run_id}_")
+    stopped = signalled_mid_run(run_id, MID_ROUND, signal.SIGKILL)
     try:
-        assert bench.returncode == -signal.SIGKILL
-        assert running(started) == []
+        assert stopped.process.returncode == -signal.SIGKILL
+        assert len(stopped.started) >= 5 and running(stopped.started) == []
     finally:
-        servers.drop_database(database)
-        servers.delete_redis_keys(namespace)
-        servers.delete_namespace_queues(namespace, ["bench-adaptive"])
+        stopped.remove(["bench-adaptive"])

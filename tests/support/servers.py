@@ -12,6 +12,7 @@ import time
 import psycopg
 
 from batchserve.core.pids import alive
+from batchserve.testing import deployment
 
 PG_ADMIN = os.environ.get("BATCHSERVE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 BROKER_URL = os.environ.get("BATCHSERVE_TEST_BROKER", "amqp://guest:guest@127.0.0.1:5672//")
@@ -106,20 +107,8 @@ def delete_namespace_queues(namespace: str, models: list[str]) -> None:
 
 
 def _delete_over_amqp(names: list[str]) -> None:
-    from kombu import Connection
-
-    if not names:
-        return
-    try:
-        with Connection(BROKER_URL, connect_timeout=5) as connection:
-            channel = connection.channel()
-            for name in names:
-                try:
-                    channel.queue_delete(name)
-                except Exception:  # a closed channel: open another and go on
-                    channel = connection.channel()
-    except OSError:
-        pass
+    if names:
+        deployment.delete_queues(BROKER_URL, names)
 
 
 def delete_redis_keys(prefix: str) -> None:

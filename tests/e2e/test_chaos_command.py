@@ -1,0 +1,30 @@
+"""``batchserve chaos``, the command: stopped mid-run by a Ctrl-C or a SIGTERM, it stops its
+deployment (a fault in flight finished first) and removes its database, queues and keys."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.support.processes import running, signalled_mid_run
+
+# Process faults only: the servers' restarts are for the exclusive tests (tests/chaos).
+CHAOS = ["chaos", "--duration", "120", "--rate", "20", "--no-server-faults", "--json"]
+
+
+@pytest.mark.usefixtures("live_servers")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_stopped_chaos_run_stops_its_deployment_and_removes_what_it_made(
+    run_id: str, sig: signal.Signals
+) -> None:
+    stopped = signalled_mid_run(run_id, CHAOS, sig)
+    try:
+        assert stopped.process.returncode == 128 + sig, stopped.err[-3000:]
+        assert f"chaos: stopped by {sig.name}" in stopped.err and stopped.out == ""
+        assert len(stopped.started) >= 6  # its template, API, two batchers, maintenance, worker
+        assert running(stopped.started) == []
+        assert stopped.namespace.startswith("chaos")
+        assert not stopped.database_exists() and stopped.keys() == []
+    finally:
+        stopped.remove(["echo-100ms"])
