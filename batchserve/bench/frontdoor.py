@@ -41,12 +41,11 @@ from batchserve.bench.stack import (
     percentile,
     server_cpu_per,
     server_cpu_s,
-    settled,
     summary_ms,
     tcp_counters,
     tcp_delta,
 )
-from batchserve.testing.deployment import free_port, terminate
+from batchserve.testing.deployment import free_port, settled, terminate
 
 PATHS = ("baseline", "longpoll", "sync")
 GOAL_RATES = (30.0, 100.0)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psycopg
 
 from batchserve.testing.deployment import Stack
 from batchserve.testing.faults import freeze
@@ -29,6 +30,13 @@ def start(stack: Stack, *workers: str) -> None:
     stack.wait_slots(SLOW, len(workers))
 
 
+# The batch of a model started first and not finished, and the worker that leased it.
+_RUNNING = (
+    "SELECT id, worker FROM batches WHERE model = %(m)s AND started_at IS NOT NULL"
+    " AND outcome IS NULL ORDER BY started_at LIMIT 1"
+)
+
+
 def batch_outcome(stack: Stack, batch_id: str) -> str | None:
     return db_rows(stack, "SELECT outcome FROM batches WHERE id = :b", b=batch_id)[0][0]
 
@@ -38,11 +46,20 @@ async def test_killing_the_pool_process_mid_batch_reruns_only_that_batch(
 ) -> None:
     start(stack, "worker")
     ids = await submit_many(http, SLOW, [f"r{i}" for i in range(40)])
-    running = wait_for_running_batch(stack, SLOW)
-    worker = db_rows(stack, "SELECT worker FROM batches WHERE id = :b", b=running)[0][0]
-    # The pool process running the batch; its standby (a second process per slot, which may
-    # hold the next batch's lease) lives on and runs the next batch.
-    (pid,) = [p for p in stack.child_pids("worker") if worker.endswith(f":{p}")]
+    # The pool process running the batch (its worker id ends with its pid; its standby, a
+    # second process per slot which may hold the next batch's lease, lives on and runs the
+    # next batch), killed as soon as it is seen: one connection polled, no process started
+    # in between, so a busy machine's second goes by well within the batch's.
+    dsn = stack.env["BATCHSERVE_DATABASE_URL"].replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        give_up = time.monotonic() + 30
+        while (found := conn.execute(_RUNNING, {"m": SLOW}).fetchone()) is None:
+            assert time.monotonic() < give_up, "no batch started"
+            time.sleep(0.02)
+    running, pid = str(found[0]), int(found[1].rsplit(":", 1)[1])
+    assert Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1] == str(
+        stack.roles["worker"].pid
+    )  # one of the worker's pool processes
     os.kill(pid, signal.SIGKILL)
     results = await wait_terminal(http, ids, timeout_s=90)
     assert all(r["status"] == "succeeded" for r in results.values())

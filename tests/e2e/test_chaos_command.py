@@ -1,5 +1,5 @@
-"""``batchserve chaos``, the command: stopped mid-run by a Ctrl-C or a SIGTERM, it stops its
-deployment (a fault in flight finished first) and removes its database, queues and keys."""
+"""``batchserve chaos``, the command: stopped mid-run, it stops its deployment (a fault in
+flight finished first) and removes its database, queues and keys."""
 
 from __future__ import annotations
 
@@ -14,14 +14,12 @@ CHAOS = ["chaos", "--duration", "120", "--rate", "20", "--no-server-faults", "--
 
 
 @pytest.mark.usefixtures("live_servers")
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
-def test_a_stopped_chaos_run_stops_its_deployment_and_removes_what_it_made(
-    run_id: str, sig: signal.Signals
-) -> None:
-    stopped = signalled_mid_run(run_id, CHAOS, sig)
+def test_a_stopped_chaos_run_stops_its_deployment_and_removes_what_it_made(run_id: str) -> None:
+    """SIGTERM (a Ctrl-C takes the same path: the bench's test sends both)."""
+    stopped = signalled_mid_run(run_id, CHAOS, signal.SIGTERM)
     try:
-        assert stopped.process.returncode == 128 + sig, stopped.err[-3000:]
-        assert f"chaos: stopped by {sig.name}" in stopped.err and stopped.out == ""
+        assert stopped.process.returncode == 128 + signal.SIGTERM, stopped.err[-3000:]
+        assert "chaos: stopped by SIGTERM" in stopped.err and stopped.out == ""
         assert len(stopped.started) >= 6  # its template, API, two batchers, maintenance, worker
         assert running(stopped.started) == []
         assert stopped.namespace.startswith("chaos")
