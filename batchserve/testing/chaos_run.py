@@ -21,6 +21,7 @@ from batchserve.bench.loadgen import Submitted, open_loop, poisson_schedule
 from batchserve.core.logs import get_logger, setup_logging
 from batchserve.core.migrate import upgrade
 from batchserve.core.settings import Settings, load_settings
+from batchserve.models.registry import load_registry
 from batchserve.testing import faults
 from batchserve.testing.chaos import (
     ChaosPlan,
@@ -43,6 +44,8 @@ class ChaosDeployment:
     def __init__(self, settings: Settings, plan: ChaosPlan, log_dir: Path) -> None:
         assert settings.database_url and settings.broker_url and settings.redis_url
         self.plan = plan
+        # The API declares a request queue for each model it knows, served here or not.
+        self.models = load_registry(settings.models).names()
         self.run = new_run_name()
         url = make_url(settings.database_url)
         self.database = f"{url.database or 'batchserve'}_{self.run}"
@@ -86,7 +89,7 @@ class ChaosDeployment:
         if not keep:
             with psycopg.connect(self._admin_url, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
-            self.stack.remove_namespace([self.plan.model])
+            self.stack.remove_namespace(self.models)
 
     def inject(self, name: str) -> None:
         """Carry out one fault (blocking); every fault leaves the deployment whole again."""
@@ -182,8 +185,6 @@ def chaos(
         raise typer.BadParameter(
             "chaos needs servers: set BATCHSERVE_DATABASE_URL, _BROKER_URL, _REDIS_URL"
         )
-    from batchserve.models.registry import load_registry
-
     spec = load_registry(settings.models).get(model)
     if spec is None:
         raise typer.BadParameter(f"unknown model {model}")

@@ -287,18 +287,6 @@ def test_embeddings_measures_batched_against_one_at_a_time(run_id: str) -> None:
     assert all(value > 0 for value in document["ratios"].values())
 
 
-def _queue_exists(name: str) -> bool:
-    from amqp.exceptions import NotFound
-    from kombu import Connection
-
-    with Connection(servers.BROKER_URL, connect_timeout=5) as connection:
-        try:
-            connection.channel().queue_declare(name, passive=True)
-        except NotFound:
-            return False
-    return True
-
-
 MID_ROUND = ["bench", "--scenario", "frontdoor", "--frontdoor-rates", "20", "--duration", "120"]
 MID_ROUND += ["--workers", "1", "--json"]
 
@@ -316,9 +304,7 @@ def test_a_stopped_bench_stops_its_deployment_and_removes_what_it_made(
     assert len(stopped.started) >= 5  # its template, API, maintenance, batcher, worker, baseline
     assert running(stopped.started) == []
     assert not stopped.database_exists() and stopped.keys() == []
-    model = "bench-adaptive"
-    queues = [f"{stopped.namespace}.requests.{model}", f"{stopped.namespace}.batches.{model}"]
-    assert not any(_queue_exists(q) for q in queues)
+    assert stopped.queues(["bench-adaptive", "bench-nobatch", "bench-timer"]) == []
 
 
 @pytest.mark.usefixtures("live_servers")

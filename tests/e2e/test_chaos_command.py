@@ -3,13 +3,19 @@ flight finished first) and removes its database, queues and keys."""
 
 from __future__ import annotations
 
+import os
 import signal
+from pathlib import Path
 
 import pytest
 
+from batchserve.models.registry import load_registry
 from tests.support.processes import running, signalled_mid_run
 
 # Process faults only: the servers' restarts are for the exclusive tests (tests/chaos).
+# The registry the command runs on: the environment's, else the built-in one.
+_REGISTRY = os.environ.get("BATCHSERVE_MODELS")
+MODELS = load_registry(Path(_REGISTRY) if _REGISTRY else None).names()
 CHAOS = ["chaos", "--duration", "120", "--rate", "20", "--no-server-faults", "--json"]
 
 
@@ -24,5 +30,6 @@ def test_a_stopped_chaos_run_stops_its_deployment_and_removes_what_it_made(run_i
         assert running(stopped.started) == []
         assert stopped.namespace.startswith("chaos")
         assert not stopped.database_exists() and stopped.keys() == []
+        assert stopped.queues(MODELS) == []  # the API declared one for each model it knows
     finally:
-        stopped.remove(["echo-100ms"])
+        stopped.remove(MODELS)

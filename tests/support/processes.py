@@ -71,6 +71,25 @@ class Stopped:
         finally:
             client.close()
 
+    def queues(self, models: list[str]) -> list[str]:
+        """Of the queues the deployment may have declared for ``models``, those still there."""
+        from amqp.exceptions import NotFound
+        from kombu import Connection
+
+        names = [f"{self.namespace}.webhooks"]
+        for model in models:
+            names += [f"{self.namespace}.requests.{model}", f"{self.namespace}.batches.{model}"]
+            names.append(f"{self.namespace}.requests.{model}.bulk")
+        there = []
+        with Connection(servers.BROKER_URL, connect_timeout=5) as connection:
+            for name in names:
+                try:
+                    connection.channel().queue_declare(name, passive=True)
+                except NotFound:
+                    continue
+                there.append(name)
+        return there
+
     def remove(self, models: list[str]) -> None:
         servers.drop_database(self.database)
         servers.delete_redis_keys(self.namespace)
