@@ -257,11 +257,7 @@ class Stack:
         """Delete what the deployment made on RabbitMQ (its queues: a quorum queue left behind
         costs RabbitMQ a Raft log) and on Redis (its keys), once its roles are stopped."""
         namespace = self.env["BATCHSERVE_NAMESPACE"]
-        names = [f"{namespace}.webhooks"]
-        for model in models:
-            names += [f"{namespace}.requests.{model}", f"{namespace}.requests.{model}.bulk"]
-            names.append(f"{namespace}.batches.{model}")
-        delete_queues(self.env["BATCHSERVE_BROKER_URL"], names)
+        delete_queues(self.env["BATCHSERVE_BROKER_URL"], namespace_queues(namespace, models))
         client = redis.Redis.from_url(self.env["BATCHSERVE_REDIS_URL"])
         try:
             keys = list(client.scan_iter(match=f"{namespace}*", count=1000))
@@ -288,6 +284,19 @@ class Stack:
     def logs(self, name: str) -> str:
         path = self.roles[name].log_path
         return path.read_text(errors="replace") if path.exists() else ""
+
+
+def namespace_queues(namespace: str, models: list[str]) -> list[str]:
+    """Every queue a deployment under ``namespace`` may declare for ``models``: each model's
+    request queues (both lanes) and batch queue, and the webhooks' queue."""
+    from batchserve.core.broker import requests_queue_name
+    from batchserve.core.domain import Lane
+
+    names = [f"{namespace}.webhooks"]
+    for model in models:
+        names += [requests_queue_name(namespace, model, lane) for lane in Lane]
+        names.append(f"{namespace}.batches.{model}")
+    return names
 
 
 def delete_queues(broker_url: str, names: list[str]) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import psycopg
 import redis
 
+from batchserve.testing.deployment import namespace_queues
 from tests.support import servers
 
 
@@ -76,13 +77,9 @@ class Stopped:
         from amqp.exceptions import NotFound
         from kombu import Connection
 
-        names = [f"{self.namespace}.webhooks"]
-        for model in models:
-            names += [f"{self.namespace}.requests.{model}", f"{self.namespace}.batches.{model}"]
-            names.append(f"{self.namespace}.requests.{model}.bulk")
         there = []
         with Connection(servers.BROKER_URL, connect_timeout=5) as connection:
-            for name in names:
+            for name in namespace_queues(self.namespace, models):
                 try:
                     connection.channel().queue_declare(name, passive=True)
                 except NotFound:

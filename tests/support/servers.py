@@ -99,11 +99,7 @@ def delete_queues(prefix: str) -> None:
 def delete_namespace_queues(namespace: str, models: list[str]) -> None:
     """Delete one deployment's queues over AMQP (fast; a quorum queue left behind costs
     RabbitMQ a Raft log, and hundreds of them slow every later connection down)."""
-    names = [f"{namespace}.webhooks"]
-    for model in models:
-        names += [f"{namespace}.requests.{model}", f"{namespace}.requests.{model}.bulk"]
-        names.append(f"{namespace}.batches.{model}")
-    _delete_over_amqp(names)
+    _delete_over_amqp(deployment.namespace_queues(namespace, models))
 
 
 def _delete_over_amqp(names: list[str]) -> None:
