@@ -1,12 +1,14 @@
-"""`make test` runs the suite in parallel processes and, afterwards and alone, the tests that take a
-shared server down, then the images' test (their layers built during the setup, beside the
-installs: minutes of downloads, unpacking and copying).
+"""`make test` runs the suite in parallel processes, the images' test among them (their layers
+built during the setup, beside the installs: minutes of downloads, unpacking and copying), and
+afterwards and alone the tests that take a shared server down.
 A test module that restarts Postgres, RabbitMQ or Redis and is not marked so
 would break whatever runs beside it: it fails here instead."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,14 +27,13 @@ def test_every_module_that_takes_a_server_down_runs_alone() -> None:
     assert marked == downing  # nothing runs alone that need not
 
 
-def test_make_test_runs_the_rest_in_parallel_then_the_exclusive_ones_then_the_images() -> None:
+def test_make_test_runs_the_rest_in_parallel_then_the_exclusive_ones() -> None:
     lines = _recipe("test").splitlines()
     runs = [line.strip() for line in lines if "pytest" in line and "#" not in line]
-    assert len(runs) == 3, runs
-    parallel = '-m "not exclusive and not images"'
+    assert len(runs) == 2, runs
+    parallel = '-m "not exclusive"'
     assert " -n " in runs[0] and parallel in runs[0] and "--dist loadfile" in runs[0]
     assert " -n " not in runs[1] and "-m exclusive" in runs[1]
-    assert " -n " not in runs[2] and "-m images" in runs[2]
     modules = sorted((ROOT / "tests").rglob("test_*.py"))
     assert [m.name for m in modules if IMAGES.search(m.read_text())] == ["test_images_live.py"]
 
@@ -68,7 +69,12 @@ def test_make_test_installs_the_dashboard_browser_during_setup() -> None:
 
 def test_make_test_builds_the_images_layers_during_setup_as_their_test_does() -> None:
     assert "image-layers" in _setup_targets()
-    assert "-m tests.support.images" in _recipe("image-layers")
+    assert "$(PYTHON) -m tests.support.images" in _recipe("image-layers")
+    # It starts with the setup, not after an install: the system's Python runs it, on the
+    # standard library alone (no site-packages here).
+    assert _recipe("image-layers").split("\n", 1)[0].split() == ["debian-tools"]
+    alone = [sys.executable, "-S", "-c", "import tests.support.images"]
+    assert subprocess.run(alone, cwd=ROOT, capture_output=True, check=False).returncode == 0
     main = (ROOT / "tests/support/images.py").read_text().split("def main()", 1)[1]
     fixture = (ROOT / "tests/e2e/test_images_live.py").read_text()
     assert 'build("test", log)' in main and 'images.build("test", log)' in fixture
