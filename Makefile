@@ -38,7 +38,7 @@ WORKER_CPU_LOCK := pyproject.toml requirements/worker-cpu.in --extra transformer
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install vllm-env bench-client run run-embedded test unit-tests test-models test-browser static-checks lint services locks clean images image-layers
+.PHONY: install vllm-env bench-client run run-embedded test test-models test-browser static-checks lint services locks clean images image-layers
 
 install: $(STAMP)
 
@@ -94,9 +94,7 @@ test: debian-tools
 	# as the first is ready, beside the second's install; so does the dashboard test's browser.
 	# The images' layers build beside them from the start (Debian's and the locks' packages:
 	# downloads and unpacking, as the installs), so the images' test finds them in buildah's cache.
-	# That build leaves a core idle for minutes (the disk and the index are its limits), and the
-	# unit tests run there, once the first environment and the servers are ready.
-	$(MAKE) --no-print-directory -j4 vllm-env static-checks test-models services test-browser image-layers unit-tests
+	$(MAKE) --no-print-directory -j4 vllm-env static-checks test-models services test-browser image-layers
 	# Most tests wait on timers and processes, so 3 run at once on 2 cores; a file stays on one
 	# process (its shared engine or deployment starts once). Files go out as xdist orders them,
 	# those of most tests first: the long model and chaos files, each of one to a few tests,
@@ -105,12 +103,8 @@ test: debian-tools
 	# afterwards, alone. The images' test runs among the parallel ones: their layers are in
 	# buildah's cache by then, so what it adds is a deployment's run, as other files' (alone at
 	# the end it added its 74 s to the run's length).
-	$(BIN)/pytest -q -rs --durations=25 -n 3 --dist loadfile -m "not exclusive" --ignore=tests/unit
+	$(BIN)/pytest -q -rs --durations=25 -n 3 --dist loadfile -m "not exclusive"
 	$(BIN)/pytest -q -rs --durations=5 -m exclusive
-
-# The unit tests (no deployment, a few seconds each at most), one process, during the setup.
-unit-tests: install services test-models
-	$(BIN)/pytest -q -rs --durations=5 -m "not exclusive" tests/unit
 
 # Debian's packages some tests need, installed where missing, in one apt call (before the parallel
 # setup, whose browser install holds apt's lock): kubectl for the Kubernetes manifests' test (it

@@ -1,6 +1,6 @@
-"""`make test` runs the unit tests during its setup, beside the images' build (their layers, for
-the images' test: minutes of downloads, unpacking and copying), the rest of the suite in
-parallel processes, and afterwards and alone the tests that take a shared server down.
+"""`make test` runs the suite in parallel processes, the images' test among them (their layers
+built during the setup, beside the installs: minutes of downloads, unpacking and copying), and
+afterwards and alone the tests that take a shared server down.
 A test module that restarts Postgres, RabbitMQ or Redis and is not marked so
 would break whatever runs beside it: it fails here instead."""
 
@@ -27,17 +27,13 @@ def test_every_module_that_takes_a_server_down_runs_alone() -> None:
     assert marked == downing  # nothing runs alone that need not
 
 
-def test_make_test_runs_units_in_setup_the_rest_in_parallel_then_the_exclusive_ones() -> None:
+def test_make_test_runs_the_rest_in_parallel_then_the_exclusive_ones() -> None:
     lines = _recipe("test").splitlines()
     runs = [line.strip() for line in lines if "pytest" in line and "#" not in line]
     assert len(runs) == 2, runs
     parallel = '-m "not exclusive"'
     assert " -n " in runs[0] and parallel in runs[0] and "--dist loadfile" in runs[0]
-    assert runs[0].endswith("--ignore=tests/unit")  # they ran during the setup
     assert " -n " not in runs[1] and "-m exclusive" in runs[1]
-    assert "unit-tests" in _setup_targets()
-    (unit,) = [line.strip() for line in _recipe("unit-tests").splitlines()[1:]]
-    assert parallel in unit and unit.endswith(" tests/unit") and " -n " not in unit
     modules = sorted((ROOT / "tests").rglob("test_*.py"))
     assert [m.name for m in modules if IMAGES.search(m.read_text())] == ["test_images_live.py"]
 
