@@ -258,15 +258,10 @@ class Stack:
         costs RabbitMQ a Raft log) and on Redis (its keys), once its roles are stopped."""
         namespace = self.env["BATCHSERVE_NAMESPACE"]
         delete_queues(self.env["BATCHSERVE_BROKER_URL"], namespace_queues(namespace, models))
-        client = redis.Redis.from_url(self.env["BATCHSERVE_REDIS_URL"])
         try:
-            keys = list(client.scan_iter(match=f"{namespace}*", count=1000))
-            if keys:
-                client.delete(*keys)
+            delete_keys(self.env["BATCHSERVE_REDIS_URL"], namespace)
         except redis.RedisError as error:
             print(f"deployment: its Redis keys not removed: {error}", file=sys.stderr)
-        finally:
-            client.close()
 
     def discard(self) -> None:
         """SIGKILL every role and whatever it started (each role leads its own process group),
@@ -291,11 +286,15 @@ def namespace_queues(namespace: str, models: list[str]) -> list[str]:
     request queues (both lanes) and batch queue, and the webhooks' queue."""
     from batchserve.core.broker import requests_queue_name
     from batchserve.core.domain import Lane
+    from batchserve.core.settings import Settings
+    from batchserve.workers.celery_app import batches_queue_name, webhooks_queue_name
 
-    names = [f"{namespace}.webhooks"]
+    # The roles' own naming, from the namespace alone (nothing else of the settings is read).
+    settings = Settings.model_construct(namespace=namespace)
+    names = [webhooks_queue_name(settings)]
     for model in models:
         names += [requests_queue_name(namespace, model, lane) for lane in Lane]
-        names.append(f"{namespace}.batches.{model}")
+        names.append(batches_queue_name(settings, model))
     return names
 
 
@@ -310,6 +309,17 @@ def delete_queues(broker_url: str, names: list[str]) -> None:
                 channel.queue_delete(name)
             except Exception:  # a closed channel: open another and go on
                 channel = amqp.channel()
+
+
+def delete_keys(redis_url: str, prefix: str) -> None:
+    """Delete the Redis keys whose names start with ``prefix``."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
 
 
 async def settled(stack: Stack, call: Callable[..., T], *args: Any) -> T:

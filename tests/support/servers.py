@@ -108,12 +108,4 @@ def _delete_over_amqp(names: list[str]) -> None:
 
 
 def delete_redis_keys(prefix: str) -> None:
-    import redis
-
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-        if keys:
-            client.delete(*keys)
-    finally:
-        client.close()
+    deployment.delete_keys(REDIS_URL, prefix)
