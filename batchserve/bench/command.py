@@ -99,6 +99,13 @@ def bench(
         "profile.svg"
     ),
     keep: Annotated[bool, typer.Option(help="Keep the run's database and logs")] = False,
+    log_dir: Annotated[
+        Path | None,
+        typer.Option(
+            file_okay=False,
+            help="Where each deployment's log folder goes (default: the temporary directory)",
+        ),
+    ] = None,
     api_processes: Annotated[
         int, typer.Option(min=1, max=64, help="Processes of batchserve's API (api --processes)")
     ] = 1,
@@ -161,10 +168,10 @@ def bench(
             param_hint="--role-log-level",
         )
     if scenario == "model":
-        _model(model, prompts, max_tokens, mixed_s, vllm, transformers_cb, as_json)
+        _model(model, prompts, max_tokens, mixed_s, vllm, transformers_cb, as_json, log_dir)
         return
     if scenario == "embeddings":
-        _embeddings(embedding_model, texts, one_at_a_time, as_json)
+        _embeddings(embedding_model, texts, one_at_a_time, as_json, log_dir)
         return
     if scenario == "streaming":
         from batchserve.bench.streaming import StreamingPlan, parse_workloads
@@ -180,7 +187,7 @@ def bench(
             workers=workers,
             client=client,
         )
-        _report([_streaming(plan, keep, as_json)], None, as_json)
+        _report([_streaming(plan, keep, as_json, log_dir)], None, as_json)
         return
     from batchserve.bench.run import BenchOptions, run_scenarios
 
@@ -208,6 +215,7 @@ def bench(
         keep=keep,
         api_processes=api_processes,
         role_log_level=role_log_level.value,
+        log_root=log_dir,
     )
     names = list(ALL) if scenario == "all" else [scenario]
     documents = run_loop(run_scenarios(names, options))
@@ -269,6 +277,7 @@ def _model(
     vllm: bool,
     transformers_cb: bool,
     as_json: bool,
+    log_root: Path | None,
 ) -> None:
     from batchserve.bench.model import model_scenario
     from batchserve.core.settings import load_settings
@@ -288,6 +297,7 @@ def _model(
             vllm=vllm,
             transformers_cb=transformers_cb,
             say=say,
+            log_root=log_root,
         )
     )
     doc = result.as_dict()
@@ -309,7 +319,9 @@ def _model(
         )
 
 
-def _embeddings(name: str, count: int, one_at_a_time: int, as_json: bool) -> None:
+def _embeddings(
+    name: str, count: int, one_at_a_time: int, as_json: bool, log_root: Path | None
+) -> None:
     from batchserve.bench.embeddings import embeddings_scenario
     from batchserve.core.settings import load_settings
     from batchserve.models.registry import load_registry
@@ -318,7 +330,11 @@ def _embeddings(name: str, count: int, one_at_a_time: int, as_json: bool) -> Non
     if spec is None or spec.backend != "sentence-embedding":
         raise typer.BadParameter(f"no embedding model {name}", param_hint="--embedding-model")
     say = Console(stderr=True).print if as_json else console.print
-    result = run_loop(embeddings_scenario(spec, count=count, one_at_a_time=one_at_a_time, say=say))
+    result = run_loop(
+        embeddings_scenario(
+            spec, count=count, one_at_a_time=one_at_a_time, say=say, log_root=log_root
+        )
+    )
     doc = result.as_dict()
     if as_json:
         typer.echo(json.dumps(_finite(doc), indent=2))
@@ -347,7 +363,9 @@ def _print_figures(title: str, doc: dict[str, Any], unit: str) -> None:
             console.print(f"{key}: {value:.2f}x")
 
 
-def _streaming(plan: StreamingPlan, keep: bool, as_json: bool) -> dict[str, Any]:
+def _streaming(
+    plan: StreamingPlan, keep: bool, as_json: bool, log_root: Path | None
+) -> dict[str, Any]:
     from batchserve.bench.streaming_run import client_tokenizer, streaming_scenario
     from batchserve.core.settings import load_settings
     from batchserve.models.registry import load_registry
@@ -356,6 +374,6 @@ def _streaming(plan: StreamingPlan, keep: bool, as_json: bool) -> dict[str, Any]
     say = Console(stderr=True).print if as_json else console.print
     tokenizer = client_tokenizer(registry, plan) if plan.client else None
     document: dict[str, Any] = run_loop(
-        streaming_scenario(plan, registry, tokenizer, keep=keep, say=say)
+        streaming_scenario(plan, registry, tokenizer, keep=keep, say=say, log_root=log_root)
     )
     return document

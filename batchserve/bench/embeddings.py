@@ -21,6 +21,7 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -244,10 +245,16 @@ def _model_toml(name: str, spec: ModelSpec) -> str:
 
 
 async def embeddings_scenario(
-    spec: ModelSpec, *, count: int, one_at_a_time: int, seed: int = 7, say: Any = print
+    spec: ModelSpec,
+    *,
+    count: int,
+    one_at_a_time: int,
+    seed: int = 7,
+    say: Any = print,
+    log_root: Path | None = None,
 ) -> EmbeddingBench:
     """Every figure of the module docstring, in one run."""
-    from batchserve.bench.stack import BenchDeployment
+    from batchserve.bench.stack import BenchDeployment, bench_log_dir
     from batchserve.core.settings import load_settings
     from batchserve.models.hf import cpu_threads
     from batchserve.testing.deployment import settled
@@ -266,7 +273,11 @@ async def embeddings_scenario(
     record(run_model(spec, texts(count, seed + 1), micro_batch, "model-batched"))
     name = "bench-embed"
     deployment = BenchDeployment(
-        load_settings(), {}, workers=1, extra_models={name: _model_toml(name, spec)}
+        load_settings(),
+        {},
+        workers=1,
+        extra_models={name: _model_toml(name, spec)},
+        log_dir=bench_log_dir(log_root),
     )
     async with deployment.running():
         await settled(deployment.stack, _start_model, deployment, name)

@@ -412,13 +412,14 @@ async def model_scenario(
     vllm: bool,
     transformers_cb: bool = True,
     say: Any = print,
+    log_root: Path | None = None,
 ) -> ModelBench:
     """Every figure of the module docstring, in one run."""
     import gc
 
     import torch
 
-    from batchserve.bench.stack import BenchDeployment
+    from batchserve.bench.stack import BenchDeployment, bench_log_dir
     from batchserve.core.settings import load_settings
     from batchserve.models.hf import cpu_threads, dtype_name, load_tokenizer
     from batchserve.testing.deployment import settled
@@ -467,7 +468,9 @@ async def model_scenario(
     models = {"bench-transformers": _model_toml("bench-transformers", "transformers", spec)}
     if vllm:
         models["bench-vllm"] = _model_toml("bench-vllm", "vllm", spec)
-    deployment = BenchDeployment(load_settings(), {}, workers=1, extra_models=models)
+    deployment = BenchDeployment(
+        load_settings(), {}, workers=1, extra_models=models, log_dir=bench_log_dir(log_root)
+    )
     async with deployment.running():
         for name in models:
             python = str(VLLM_PYTHON) if name == "bench-vllm" else None

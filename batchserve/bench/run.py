@@ -15,7 +15,7 @@ from batchserve.bench.drain import SaturationPlan, run_saturation
 from batchserve.bench.frontdoor import FrontDoorPlan, run_frontdoor
 from batchserve.bench.ingest import IngestPlan, MixedPlan, run_bulk, run_ingest, run_mixed
 from batchserve.bench.latency import LatencyPlan, run_overhead
-from batchserve.bench.stack import BenchDeployment, variants
+from batchserve.bench.stack import BenchDeployment, bench_log_dir, variants
 from batchserve.core.logs import setup_logging
 from batchserve.core.settings import load_settings
 
@@ -45,6 +45,7 @@ class BenchOptions:
     keep: bool = False
     api_processes: int = 1
     role_log_level: str = "WARNING"
+    log_root: Path | None = None
 
 
 def machine() -> dict[str, Any]:
@@ -81,6 +82,7 @@ async def run_scenarios(names: list[str], options: BenchOptions) -> list[dict[st
             profile_out=options.profile_out,
             api_processes=options.api_processes,
             log_level=options.role_log_level,
+            log_dir=bench_log_dir(options.log_root),
         )
         before = machine()
         started = time.monotonic()

@@ -20,7 +20,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from batchserve.core.events import RedisEventBus, Subscription
 from batchserve.core.migrate import upgrade
 from batchserve.core.settings import Settings
 from batchserve.models.registry import ModelSpec
-from batchserve.testing.deployment import Stack, settled, terminate
+from batchserve.testing.deployment import Stack, new_log_dir, settled, terminate
 
 BATCH_TIME_MS = 100.0
 TENANT = "bench"
@@ -150,6 +149,12 @@ class TerminalClock:
         await self._bus.close()
 
 
+def bench_log_dir(root: Path | None = None) -> Path:
+    """A new folder for one deployment's logs, in ``root`` (``bench --log-dir``), else in the
+    temporary directory. A bench keeps it and prints where."""
+    return new_log_dir("bench-", root)
+
+
 @dataclass
 class BenchDeployment:
     """API and maintenance on a fresh database; batcher and worker per variant, on demand."""
@@ -157,7 +162,7 @@ class BenchDeployment:
     settings: Settings
     catalogue: dict[str, Variant]
     workers: int
-    log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="bench-")))
+    log_dir: Path = field(default_factory=bench_log_dir)
     keep: bool = False
     # py-spy records the first process of this role (``api``, ``batcher``, ``worker`` with its
     # pool, ``maintenance``) from its start to its stop, into ``profile_out`` (a flame graph;

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from batchserve.bench.stack import BenchDeployment
+from batchserve.bench.stack import BenchDeployment, bench_log_dir
 from batchserve.bench.streaming import StreamingPlan, Workload, compare_model
 from batchserve.models.plugins import is_engine
 from batchserve.models.registry import ModelSpec, Registry
@@ -43,6 +43,7 @@ async def streaming_scenario(
     tokenizer: Path | None,
     keep: bool = False,
     say: Callable[[str], Any] = print,
+    log_root: Path | None = None,
 ) -> dict[str, Any]:
     """Every model's comparison (and the client's run), on one deployment serving them all,
     one model's batcher and worker at a time."""
@@ -56,6 +57,7 @@ async def streaming_scenario(
         plan.workers,
         keep=keep,
         extra_models={s.name: registry_toml(s) for s in specs},
+        log_dir=bench_log_dir(log_root),
     )
     before, started = machine(), time.monotonic()
     results: list[dict[str, Any]] = []

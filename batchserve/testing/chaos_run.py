@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Annotated
@@ -33,7 +32,7 @@ from batchserve.testing.chaos import (
     traffic_body,
     wait_settled,
 )
-from batchserve.testing.deployment import Stack, run_stoppable, settled
+from batchserve.testing.deployment import Stack, new_log_dir, run_stoppable, settled
 
 log = get_logger("batchserve.chaos")
 
@@ -176,6 +175,13 @@ def chaos(
     ] = True,
     seed: Annotated[int, typer.Option(help="Traffic seed")] = 1,
     keep: Annotated[bool, typer.Option(help="Keep the run's database for inspection")] = False,
+    log_dir: Annotated[
+        Path | None,
+        typer.Option(
+            file_okay=False,
+            help="Where the run's log folder goes (default: the temporary directory)",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document")] = False,
 ) -> None:
     """A bounded fault-injection run against a fresh local deployment, with a loss report."""
@@ -197,15 +203,13 @@ def chaos(
         server_faults=server_faults and _servers_are_local(settings),
         seed=seed,
     )
-    log_dir = Path(tempfile.mkdtemp(prefix="batchserve-chaos-"))
-    report = run_stoppable(run_plan(settings, plan, log_dir, keep), "chaos")
+    logs = new_log_dir("batchserve-chaos-", log_dir)
+    report = run_stoppable(run_plan(settings, plan, logs, keep), "chaos")
     if as_json:
-        typer.echo(
-            json.dumps({**report.as_dict(), "rate": plan.rate, "logs": str(log_dir)}, indent=2)
-        )
+        typer.echo(json.dumps({**report.as_dict(), "rate": plan.rate, "logs": str(logs)}, indent=2))
     else:
         typer.echo(f"chaos: {duration:g} s at {plan.rate:g} requests/s on {slots} slot(s)")
-        typer.echo(f"logs: {log_dir}")
+        typer.echo(f"logs: {logs}")
         for line in report.lines():
             typer.echo(line)
     if not report.clean:

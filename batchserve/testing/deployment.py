@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -39,6 +41,14 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def new_log_dir(prefix: str, root: Path | None = None) -> Path:
+    """A new folder named ``prefix``* for a deployment's logs, in ``root`` (made if missing),
+    else in the temporary directory."""
+    if root is not None:
+        root.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=root))
 
 
 def terminate(
@@ -98,6 +108,26 @@ class Stack:
             raise RuntimeError("the deployment is stopping")
 
     @property
+    def scratch_dir(self) -> Path:
+        """The roles' temporary directory (their ``TMPDIR``), in the log directory: what a role
+        killed mid-run leaves there (its scratch folders, multiprocessing's ``pymp-*``) goes
+        with the deployment (:meth:`remove_scratch`) instead of piling up in ``/tmp``."""
+        return self.log_dir / "tmp"
+
+    def role_env(self, *layers: dict[str, str] | None) -> dict[str, str]:
+        """A role's environment: the deployment's, its temporary directory, then ``layers``."""
+        self.scratch_dir.mkdir(parents=True, exist_ok=True)
+        environment = {**self.env, "TMPDIR": str(self.scratch_dir)}
+        for layer in layers:
+            environment.update(layer or {})
+        return environment
+
+    def remove_scratch(self) -> None:
+        """Remove the roles' temporary directory once none of them runs."""
+        if not any(role.alive() for role in self.roles.values()):
+            shutil.rmtree(self.scratch_dir, ignore_errors=True)
+
+    @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
@@ -134,7 +164,7 @@ class Stack:
         if role is None or args:
             role = Role(name, [python or sys.executable, "-m", "batchserve.cli", *args], log_path)
             self.roles[name] = role
-        environment = {**self.env, **(env or {})}
+        environment = self.role_env(env)
         # A warm fork cannot take what acts at an interpreter's start (a preload, a
         # sitecustomize on PYTHONPATH: a host with a skewed clock): such a role is exec'd.
         warm = role.argv[0] == sys.executable and not STARTUP_ENV & (env or {}).keys()
@@ -252,6 +282,7 @@ class Stack:
             except subprocess.TimeoutExpired:
                 role.process.kill()
                 role.process.wait(timeout=10)
+        self.remove_scratch()
 
     def remove_namespace(self, models: list[str]) -> None:
         """Delete what the deployment made on RabbitMQ (its queues: a quorum queue left behind
@@ -275,6 +306,7 @@ class Stack:
         for role in self.roles.values():
             if role.process is not None:
                 role.process.wait(timeout=10)
+        self.remove_scratch()
 
     def logs(self, name: str) -> str:
         path = self.roles[name].log_path

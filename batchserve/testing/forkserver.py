@@ -32,6 +32,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -251,6 +252,7 @@ def _child(request: dict[str, Any], selector: selectors.BaseSelector, wakeup: in
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    tempfile.tempdir = None  # the role's TMPDIR, as an exec'd role would read it
     module = request.get("module", "batchserve.cli")
     sys.argv = [module, *request["args"]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)

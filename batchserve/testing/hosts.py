@@ -427,7 +427,7 @@ class HostStack(Stack):
             argv = [python or sys.executable, "-m", "batchserve.cli", *args]
             role = Role(name, argv, self.log_dir / f"{name.replace(':', '_')}.log")
             self.roles[name] = role
-        environment = {**self.env, **self.host_env(where), **(env or {})}
+        environment = self.role_env(self.host_env(where), env)
         role.process = self.hosts.run(where, role.argv, environment, role.log_path, cwd=ROOT)
         return role
 

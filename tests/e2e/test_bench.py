@@ -51,12 +51,18 @@ def bench(scenario: str, run_id: str, tmp_path: Path, *extra: str) -> dict[str, 
     plot = tmp_path / f"{scenario}.png"
     command = ["bench", "--scenario", scenario, *TINY[scenario], *extra]
     command += ["--workers", "1", "--batch", "8", "--json", "--plot", str(plot)]
+    command += ["--log-dir", str(tmp_path)]
     done = CliRunner().invoke(CLI, command, env=env, catch_exceptions=False)
     assert done.exit_code == 0, done.stderr[-3000:]
     document: dict[str, Any] = json.loads(done.stdout)
     assert document["scenario"] == scenario
     assert document["machine"]["before"]["cores"] >= 1
     assert ("plot" in document) == plot.exists()
+    # The deployment's logs in a folder of its own in --log-dir, kept (the roles' temporary
+    # folder, their TMPDIR, removed once they stopped).
+    (logs,) = tmp_path.glob("bench-*")
+    assert Path(document["logs"]) == logs and (logs / "models.toml").exists()
+    assert (logs / "api.log").exists() and not (logs / "tmp").exists()
     return document
 
 
@@ -261,13 +267,14 @@ def test_frontdoor_answers_every_caller_on_each_path_beside_the_baseline(
     assert set(doc["goals"]["served_vs_ideal"]) == {"baseline", "longpoll", "sync"}
 
 
-def test_embeddings_measures_batched_against_one_at_a_time(run_id: str) -> None:
+def test_embeddings_measures_batched_against_one_at_a_time(run_id: str, tmp_path: Path) -> None:
     env = {
         "BATCHSERVE_DATABASE_URL": servers.pg_url(f"{servers.DB_PREFIX}{run_id}"),
         "BATCHSERVE_BROKER_URL": servers.BROKER_URL,
         "BATCHSERVE_REDIS_URL": servers.REDIS_URL,
     }
     command = ["bench", "--scenario", "embeddings", "--texts", "96", "--one-at-a-time", "8"]
+    command += ["--log-dir", str(tmp_path)]
     done = CliRunner().invoke(CLI, [*command, "--json"], env=env, catch_exceptions=False)
     assert done.exit_code == 0, done.stderr[-3000:]
     document = json.loads(done.stdout)
@@ -294,25 +301,28 @@ MID_ROUND += ["--workers", "1", "--json"]
 @pytest.mark.usefixtures("live_servers")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
 def test_a_stopped_bench_stops_its_deployment_and_removes_what_it_made(
-    run_id: str, sig: signal.Signals
+    run_id: str, sig: signal.Signals, tmp_path: Path
 ) -> None:
     """A Ctrl-C, or a ``kill`` (a CI timeout, systemd), stops a bench mid-round: every process
     it started ends, and its database, queues and keys are gone."""
-    stopped = signalled_mid_run(run_id, MID_ROUND, sig)
+    stopped = signalled_mid_run(run_id, MID_ROUND, sig, tmp_path)
     assert stopped.process.returncode == 128 + sig, stopped.err[-3000:]
     assert f"bench: stopped by {sig.name}" in stopped.err and stopped.out == ""
     assert len(stopped.started) >= 5  # its template, API, maintenance, batcher, worker, baseline
     assert running(stopped.started) == []
     assert not stopped.database_exists() and stopped.keys() == []
     assert stopped.queues(["bench-adaptive", "bench-nobatch", "bench-timer"]) == []
+    # Its roles' logs stay, in --log-dir; their temporary folder (TMPDIR) went with them.
+    (logs,) = tmp_path.glob("bench-*")
+    assert (logs / "api.log").exists() and not (logs / "tmp").exists()
 
 
 @pytest.mark.usefixtures("live_servers")
-def test_a_bench_killed_outright_leaves_no_process_running(run_id: str) -> None:
+def test_a_bench_killed_outright_leaves_no_process_running(run_id: str, tmp_path: Path) -> None:
     """SIGKILL leaves a bench no cleanup of its own: its roles end with their template (which
     sees its user gone) and its baseline server with its parent. Its database, queues and keys
     stay, for the test to remove."""
-    stopped = signalled_mid_run(run_id, MID_ROUND, signal.SIGKILL)
+    stopped = signalled_mid_run(run_id, MID_ROUND, signal.SIGKILL, tmp_path)
     try:
         assert stopped.process.returncode == -signal.SIGKILL
         assert len(stopped.started) >= 5 and running(stopped.started) == []

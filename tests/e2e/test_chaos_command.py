@@ -20,9 +20,12 @@ CHAOS = ["chaos", "--duration", "120", "--rate", "20", "--no-server-faults", "--
 
 
 @pytest.mark.usefixtures("live_servers")
-def test_a_stopped_chaos_run_stops_its_deployment_and_removes_what_it_made(run_id: str) -> None:
-    """SIGTERM (a Ctrl-C takes the same path: the bench's test sends both)."""
-    stopped = signalled_mid_run(run_id, CHAOS, signal.SIGTERM)
+def test_a_stopped_chaos_run_stops_its_deployment_and_removes_what_it_made(
+    run_id: str, tmp_path: Path
+) -> None:
+    """SIGTERM (a Ctrl-C takes the same path: the bench's test sends both). Its roles' logs
+    stay, in a folder of its own in ``--log-dir``; their temporary folder is gone."""
+    stopped = signalled_mid_run(run_id, CHAOS, signal.SIGTERM, tmp_path)
     try:
         assert stopped.process.returncode == 128 + signal.SIGTERM, stopped.err[-3000:]
         assert "chaos: stopped by SIGTERM" in stopped.err and stopped.out == ""
@@ -31,5 +34,7 @@ def test_a_stopped_chaos_run_stops_its_deployment_and_removes_what_it_made(run_i
         assert stopped.namespace.startswith("chaos")
         assert not stopped.database_exists() and stopped.keys() == []
         assert stopped.queues(MODELS) == []  # the API declared one for each model it knows
+        (logs,) = tmp_path.glob("batchserve-chaos-*")
+        assert (logs / "api.log").exists() and not (logs / "tmp").exists()
     finally:
         stopped.remove(MODELS)

@@ -93,9 +93,10 @@ class Stopped:
         servers.delete_namespace_queues(self.namespace, models)
 
 
-def signalled_mid_run(run_id: str, args: list[str], sig: int) -> Stopped:
-    """``batchserve <args>`` as its own process on this run's servers, sent ``sig`` once its
-    deployment's model has run a batch; waited for, and for what it started to end."""
+def signalled_mid_run(run_id: str, args: list[str], sig: int, log_dir: Path) -> Stopped:
+    """``batchserve <args> --log-dir <log_dir>`` as its own process on this run's servers,
+    sent ``sig`` once its deployment's model has run a batch; waited for, and for what it
+    started to end."""
     base = f"{servers.DB_PREFIX}{run_id}_{secrets.token_hex(3)}"  # its database: {base}_...
     env = {
         **os.environ,
@@ -104,7 +105,7 @@ def signalled_mid_run(run_id: str, args: list[str], sig: int) -> Stopped:
         "BATCHSERVE_REDIS_URL": servers.REDIS_URL,
     }
     command = subprocess.Popen(
-        [sys.executable, "-m", "batchserve.cli", *args],
+        [sys.executable, "-m", "batchserve.cli", *args, "--log-dir", str(log_dir)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

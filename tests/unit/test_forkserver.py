@@ -107,6 +107,34 @@ def test_a_deployment_forks_its_roles_and_starts_another_interpreter_bare(
     assert isinstance(off.process, subprocess.Popen) and off.process.wait(timeout=30) == 0
 
 
+def test_a_role_takes_its_temporary_directory_from_its_environment(
+    template: Forkserver, tmp_path: Path
+) -> None:
+    """As an exec'd role would read it, whatever the template's own is."""
+    log = tmp_path / "probe.log"
+    env = {"PATH": os.environ.get("PATH", ""), "TMPDIR": str(tmp_path)}
+    probe = template.spawn([], env=env, cwd=ROOT, log=log, module="tests.support.tempdir_probe")
+    assert probe.wait(timeout=30) == 0
+    assert log.read_text().split() == ["tempdir", str(tmp_path)]
+
+
+def test_a_deployments_roles_keep_their_temporary_files_in_its_log_directory(
+    tmp_path: Path,
+) -> None:
+    """What a killed role leaves in its TMPDIR (scratch folders, multiprocessing's ``pymp-*``)
+    goes with the deployment, not into ``/tmp``: the folder is removed once no role runs."""
+    from batchserve.testing.deployment import Stack
+
+    stack = Stack(env={"PATH": os.environ.get("PATH", "")}, log_dir=tmp_path)
+    assert stack.role_env({"A": "1"}) == {**stack.env, "TMPDIR": str(tmp_path / "tmp"), "A": "1"}
+    assert stack.role_env({"TMPDIR": "/elsewhere"})["TMPDIR"] == "/elsewhere"
+    held = stack.start("held", "batcher", "--help")
+    (stack.scratch_dir / "pymp-left").mkdir()
+    assert held.process is not None and held.process.wait(timeout=30) == 0
+    stack.stop_all()
+    assert not stack.scratch_dir.exists() and stack.roles["held"].log_path.exists()
+
+
 def test_roles_hear_signals_whichever_thread_started_the_template(tmp_path: Path) -> None:
     """A thread may block signals (an event loop's executor threads do), and a process started
     from it inherits the mask: the template must not pass it on to every role it forks."""
