@@ -100,9 +100,9 @@ test: debian-tools
 	# those of most tests first: the long model and chaos files, each of one to a few tests,
 	# then run beside light ones. (Longest first was tried: the model files all ran at once, the
 	# load reached 9 and six timing-bound tests failed.) Tests that restart a shared server run
-	# afterwards, alone. The images' test runs among the parallel ones: their layers are in
-	# buildah's cache by then, so what it adds is a deployment's run, as other files' (alone at
-	# the end it added its 74 s to the run's length).
+	# afterwards, alone. The images' test runs among the parallel ones: it takes the images
+	# image-layers built from this tree (their stamp), so what it adds is a deployment's run,
+	# as other files' (alone at the end it added its 74 s to the run's length).
 	$(BIN)/pytest -q -rs --durations=25 -n 3 --dist loadfile -m "not exclusive"
 	$(BIN)/pytest -q -rs --durations=5 -m exclusive
 

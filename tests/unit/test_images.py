@@ -519,3 +519,48 @@ def test_the_images_doc_says_what_the_images_test_runs() -> None:
     assert "range(200)" in live and "200 requests to the fixed model" in doc
     assert '"--model", ECHO, "--slots", "2"' in live and "fixed model (2 slots)" in doc
     assert 'REAL = "smollm2-135m"' in live and "`smollm2-135m` on the transformers engine" in doc
+
+
+# The images' test takes what `make image-layers` built (tests/support/images.py) ------------
+
+
+def test_the_layers_stamp_covers_everything_the_built_images_copy() -> None:
+    """The digest that lets the images' test skip a rebuild reads every file the CPU images'
+    Dockerfiles COPY: a change to any of them is a change of the digest."""
+    from tests.support import images
+
+    for image in images.IMAGES:
+        for source in copy_sources(ROOT / "docker" / f"{image}.Dockerfile"):
+            top = Path(source).parts[0]
+            assert top in images.INPUTS, f"{image}: COPY {source} is not in the digest"
+
+
+def test_prebuilt_images_are_taken_only_while_their_inputs_and_ids_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.support import images
+
+    (tmp_path / "batchserve").mkdir()
+    (tmp_path / "batchserve" / "api.py").write_text("v1")
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "build-images.sh").write_text("build")
+    (tmp_path / "pyproject.toml").write_text("[project]")
+    ids = {"base": "sha256:1", "control-plane": "sha256:2"}
+    monkeypatch.setattr(images, "ROOT", tmp_path)
+    monkeypatch.setattr(images, "image_ids", lambda tag: dict(ids))
+    monkeypatch.setattr(images, "stamp_path", lambda tag: tmp_path / f"stamp-{tag}.json")
+
+    assert images.prebuilt("test") is None  # no stamp: built by the test
+    stamp = {"inputs": images.inputs_digest(), "ids": dict(ids)}
+    images.stamp_path("test").write_text(json.dumps(stamp))
+    assert images.prebuilt("test") == images.names("test")
+    assert images.prebuilt("other") is None
+
+    (tmp_path / "batchserve" / "api.py").write_text("v2")  # a source changed since
+    assert images.prebuilt("test") is None
+    (tmp_path / "batchserve" / "api.py").write_text("v1")
+    (tmp_path / "batchserve" / "__pycache__").mkdir()  # bytecode is not an input
+    (tmp_path / "batchserve" / "__pycache__" / "api.pyc").write_bytes(b"x")
+    assert images.prebuilt("test") == images.names("test")
+    ids["control-plane"] = "sha256:3"  # the tag now names another image (a rebuild elsewhere)
+    assert images.prebuilt("test") is None

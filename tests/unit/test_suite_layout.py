@@ -78,3 +78,5 @@ def test_make_test_builds_the_images_layers_during_setup_as_their_test_does() ->
     main = (ROOT / "tests/support/images.py").read_text().split("def main()", 1)[1]
     fixture = (ROOT / "tests/e2e/test_images_live.py").read_text()
     assert 'build("test", log)' in main and 'images.build("test", log)' in fixture
+    # The test takes what the setup built, from this tree (the stamp the build leaves).
+    assert "stamp.write_text(" in main and 'images.prebuilt("test") or' in fixture
