@@ -288,6 +288,10 @@ class BatchRunner:
             except Unavailable:
                 continue
             if not held:
+                # The results' write may have ended the batch as this renewal ran.
+                with contextlib.suppress(Unavailable):
+                    if await self.store.ended_by(batch_id, attempt):
+                        return
                 log.warning("lease_lost", batch_id=batch_id, note="results will be discarded")
                 return
 

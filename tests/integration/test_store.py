@@ -978,3 +978,26 @@ async def test_lease_renewals_do_not_wait_for_postgres_to_flush(
         assert [seen.index(a) + 1 for a in asynchronous[:1]] == [seen.index(renewals[0])]
     expired = await store.expired_leases(time.time() + 50.0)
     assert batch_id not in {e.batch_id for e in expired}  # held until +60 s
+
+
+async def test_a_lease_gone_with_its_own_results_is_told_from_one_reaped(store: JobStore) -> None:
+    """A renewal that runs just after its attempt's results were written finds the lease gone
+    as it would after a reap: ``ended_by`` tells the two apart (the worker warns of the
+    second alone)."""
+    ids = await submit(store, command("a"))
+    written = await claim(store, ids)
+    assert isinstance(await store.start_batch(written, "w1", time.time(), 2.0), BatchStart)
+    assert not await store.ended_by(written, 1)  # still running
+    done = await store.complete_batch(
+        written, attempt=1, outcomes=[ok(ids[0])], now=time.time(), model_ms=100.0
+    )
+    assert done == Reaped()
+    assert not await store.renew_lease(written, "w1", 1, time.time() + 30.0)
+    assert await store.ended_by(written, 1) and not await store.ended_by(written, 2)
+
+    ids = await submit(store, command("b"))
+    reaped = await claim(store, ids)
+    assert isinstance(await store.start_batch(reaped, "w1", time.time(), 2.0), BatchStart)
+    await store.reap_batch(reaped, now=time.time(), outcome=BatchOutcome.CRASHED)
+    assert not await store.renew_lease(reaped, "w1", 1, time.time() + 30.0)
+    assert not await store.ended_by(reaped, 1)

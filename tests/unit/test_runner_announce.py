@@ -9,6 +9,8 @@ import contextlib
 import uuid
 from typing import Any
 
+import pytest
+
 from batchserve.core.domain import BatchClosed, BatchItem, BatchMessage, Event, ItemResult
 from batchserve.core.events import MemoryEventBus
 from batchserve.core.store import BatchStart, Reaped
@@ -30,12 +32,17 @@ class _SlowResults:
         self.finish = asyncio.Event()
         self.written = False
         self.fails = False
+        self.renewals = 0
 
     async def start_batch(self, *_: Any) -> BatchStart:
         return BatchStart(attempt=1, live_ids=self.live)
 
     async def renew_lease(self, *_: Any) -> bool:
-        return True
+        self.renewals += 1
+        return not self.written  # the write ends the batch: its lease is gone with it
+
+    async def ended_by(self, *_: Any) -> bool:
+        return self.written
 
     async def complete_batch(self, *_: Any, **__: Any) -> Reaped:
         self.writing.set()
@@ -63,7 +70,9 @@ class _HeldBus(MemoryEventBus):
         await super().publish(event)
 
 
-def rig(fails: bool = False) -> tuple[BatchMessage, _SlowResults, _HeldBus, BatchRunner]:
+def rig(
+    fails: bool = False, lease_s: float = 2.0
+) -> tuple[BatchMessage, _SlowResults, _HeldBus, BatchRunner]:
     items = tuple(
         BatchItem(str(uuid.uuid4()), "hi", None, {"max_tokens": 4}, 1.0, 1.0) for _ in range(3)
     )
@@ -78,7 +87,7 @@ def rig(fails: bool = False) -> tuple[BatchMessage, _SlowResults, _HeldBus, Batc
         queue=None,  # type: ignore[arg-type]  # nothing is requeued
         backend=_Echo(),
         worker_id="w",
-        lease_s=2.0,
+        lease_s=lease_s,
     )
     return message, store, events, runner
 
@@ -104,3 +113,29 @@ async def test_a_write_that_fails_still_frees_the_slot() -> None:
         await asyncio.wait_for(running, 5.0)
     assert not store.written
     assert [c.batch_id for c in events.closed] == [message.batch_id]
+
+
+async def test_a_renewal_after_the_results_were_written_is_no_lost_lease(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lease is renewed until the batch is through; a renewal that runs once the results
+    are written finds it gone, as after a reap. That is no "lease_lost" (whose note says the
+    results will be discarded): they were stored."""
+    from batchserve.workers import runner as runner_module
+
+    warned: list[str] = []
+    monkeypatch.setattr(
+        runner_module.log, "warning", lambda event, **_: warned.append(event), raising=False
+    )
+    message, store, events, runner = rig(lease_s=0.03)  # renewed every 10 ms
+    events.release.clear()  # the announcement, after the write, waits
+    running = asyncio.create_task(runner.run(message))
+    await asyncio.wait_for(store.writing.wait(), 5.0)
+    store.finish.set()
+    await asyncio.wait_for(events.publishing.wait(), 5.0)
+    renewed = store.renewals
+    await asyncio.sleep(0.05)  # renewals after the write
+    events.release.set()
+    await asyncio.wait_for(running, 5.0)
+    assert store.written and store.renewals > renewed  # the lease found gone, after the write
+    assert warned == []

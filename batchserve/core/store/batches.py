@@ -352,6 +352,16 @@ class BatchVerbs(StoreBase):
             )
         return bool(result.rowcount)
 
+    async def ended_by(self, batch_id: uuid.UUID, attempt: int) -> bool:
+        """Whether ``attempt`` ended the batch with its results: a renewal that finds the lease
+        gone may have run just after that attempt's own write, not after a reap."""
+        query = select(batches_t.c.outcome).where(
+            batches_t.c.id == batch_id, batches_t.c.attempt == attempt
+        )
+        async with transaction(self.engine) as conn:
+            outcome = (await conn.execute(query)).scalar_one_or_none()
+        return outcome == BatchOutcome.SUCCEEDED.value
+
     async def renew_leases(
         self, held: Sequence[tuple[uuid.UUID, str]], until: float
     ) -> set[uuid.UUID]:
