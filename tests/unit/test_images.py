@@ -564,3 +564,44 @@ def test_prebuilt_images_are_taken_only_while_their_inputs_and_ids_hold(
     assert images.prebuilt("test") == images.names("test")
     ids["control-plane"] = "sha256:3"  # the tag now names another image (a rebuild elsewhere)
     assert images.prebuilt("test") is None
+
+
+def test_a_build_is_stamped_only_where_the_tree_held_still_and_waits_for_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from tests.support import images
+
+    (tmp_path / "batchserve").mkdir()
+    (tmp_path / "batchserve" / "api.py").write_text("v1")
+    monkeypatch.setattr(images, "ROOT", tmp_path)
+    monkeypatch.setattr(images, "image_ids", lambda tag: {"control-plane": "sha256:2"})
+    monkeypatch.setattr(images, "stamp_path", lambda tag: tmp_path / f"stamp-{tag}.json")
+    monkeypatch.setattr(images.tempfile, "tempdir", str(tmp_path))  # the lock's folder
+    edits = iter(["v1", "v2"])  # the second build sees a source change while it runs
+
+    def build(tag: str, log: Path) -> dict[str, str]:
+        (tmp_path / "batchserve" / "api.py").write_text(next(edits))
+        return images.names(tag)
+
+    monkeypatch.setattr(images, "build", build)
+    assert images.build_stamped("test", tmp_path / "log") == images.names("test")
+    assert images.prebuilt("test") == images.names("test")
+    images.build_stamped("test", tmp_path / "log")
+    assert not images.stamp_path("test").exists() and images.prebuilt("test") is None
+
+    # The images' test waits for a build in progress (make test runs one beside it).
+    order: list[str] = []
+    with images.building():
+        waiter = threading.Thread(target=lambda: _take(images, order))
+        waiter.start()
+        waiter.join(0.2)
+        order.append("build done")
+    waiter.join(5)
+    assert order == ["build done", "test took it"]
+
+
+def _take(images: Any, order: list[str]) -> None:
+    with images.building():
+        order.append("test took it")
