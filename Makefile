@@ -92,18 +92,18 @@ test: debian-tools
 	# The two environments install at once (mostly downloads and unpacking: one core each), and
 	# the static checks and the test models' conversion (once, into the model cache) run as soon
 	# as the first is ready, beside the second's install; so does the dashboard test's browser.
-	$(MAKE) --no-print-directory -j4 vllm-env static-checks test-models services test-browser
+	# The images' layers build beside them from the start (Debian's and the locks' packages:
+	# downloads and unpacking, as the installs), so the images' test finds them in buildah's cache.
+	$(MAKE) --no-print-directory -j4 vllm-env static-checks test-models services test-browser image-layers
 	# Most tests wait on timers and processes, so 3 run at once on 2 cores; a file stays on one
 	# process (its shared engine or deployment starts once). Files go out as xdist orders them,
 	# those of most tests first: the long model and chaos files, each of one to a few tests,
 	# then run beside light ones. (Longest first was tried: the model files all ran at once, the
 	# load reached 9 and six timing-bound tests failed.) Tests that restart a shared server run
-	# afterwards, alone. The images build beside the parallel tests (tests/support/images.py, on
-	# the system's Python: ~3 min, the setup's longest step when it came before them), and the
-	# images' test, one of them, waits for that build and takes what it built from this tree.
-	$(PYTHON) -m tests.support.images & \
-	$(BIN)/pytest -q -rs --durations=25 -n 3 --dist loadfile -m "not exclusive"; \
-	passed=$$?; wait $$!; exit $$passed
+	# afterwards, alone. The images' test runs among the parallel ones: it takes the images
+	# image-layers built from this tree (their stamp), so what it adds is a deployment's run,
+	# as other files' (alone at the end it added its 74 s to the run's length).
+	$(BIN)/pytest -q -rs --durations=25 -n 3 --dist loadfile -m "not exclusive"
 	$(BIN)/pytest -q -rs --durations=5 -m exclusive
 
 # Debian's packages some tests need, installed where missing, in one apt call (before the parallel
@@ -123,9 +123,9 @@ debian-tools:
 images: debian-tools
 	./scripts/build-images.sh
 
-# The images as the images' test takes them (tests/support/images.py: built from this tree and
-# stamped so; nothing to do where they are). It needs only the standard library: the system's
-# Python runs it, with no environment installed. `make test` runs it beside its first tests.
+# The images as the images' test builds them (tests/support/images.py), ahead of that test. It
+# needs only the standard library, so it starts at once on the system's Python, beside the
+# environments' installs, not after the first (the build is setup's longest step: ~3 min).
 image-layers: debian-tools
 	$(PYTHON) -m tests.support.images
 

@@ -36,10 +36,8 @@ REAL = "smollm2-135m"
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     log = tmp_path_factory.mktemp("images") / "build.log"
     try:
-        # Built beside the first tests by make test (tests.support.images), from this tree:
-        # wait for that build to end and take its images; without it, build them here.
-        with images.building():
-            return images.prebuilt("test") or images.build_stamped("test", log)
+        # Built by `make image-layers` in this run (make test) from this tree, else built here.
+        return images.prebuilt("test") or images.build("test", log)
     except Exception:
         print(log.read_text(errors="replace")[-5000:])
         raise

@@ -5,7 +5,6 @@ host's network, so a test ``Stack`` starts and kills it by pid like any other ro
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -85,15 +84,6 @@ def stamp_path(tag: str) -> Path:
     return Path(tempfile.gettempdir()) / f"batchserve-image-layers-{tag}.json"
 
 
-@contextlib.contextmanager
-def building() -> Iterator[None]:
-    """Held while the images are built or checked: the images' test waits here for the build
-    `make test` runs beside the first tests, then takes what it built."""
-    with open(Path(tempfile.gettempdir()) / "batchserve-image-layers.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
 def prebuilt(tag: str) -> dict[str, str] | None:
     """The images ``make image-layers`` built for ``tag`` from this very tree (its stamp names
     the inputs' digest and the images' IDs, and both still hold), else None: the test then
@@ -120,18 +110,6 @@ def build(tag: str, log: Path) -> dict[str, str]:
             [str(SCRIPT), tag], env=env, stdout=out, stderr=subprocess.STDOUT, check=True
         )
     return names(tag)
-
-
-def build_stamped(tag: str, log: Path) -> dict[str, str]:
-    """:func:`build`, then the stamp :func:`prebuilt` reads, where the tree did not change
-    while it built."""
-    stamp = stamp_path(tag)
-    stamp.unlink(missing_ok=True)
-    inputs = inputs_digest()
-    built = build(tag, log)
-    if inputs_digest() == inputs:
-        stamp.write_text(json.dumps({"inputs": inputs, "ids": image_ids(tag)}))
-    return built
 
 
 @dataclass(frozen=True)
@@ -196,14 +174,16 @@ def main() -> None:
     if tools_missing():
         return
     log = Path(tempfile.gettempdir()) / "batchserve-image-layers.log"
-    with building():
-        if prebuilt("test") is not None:  # built from this tree already
-            return
-        try:
-            build_stamped("test", log)
-        except subprocess.CalledProcessError:
-            sys.stderr.write(log.read_text(errors="replace")[-5000:])
-            raise
+    stamp = stamp_path("test")
+    stamp.unlink(missing_ok=True)
+    inputs = inputs_digest()
+    try:
+        build("test", log)
+    except subprocess.CalledProcessError:
+        sys.stderr.write(log.read_text(errors="replace")[-5000:])
+        raise
+    if inputs_digest() == inputs:  # nothing changed while it built: the images are the tree's
+        stamp.write_text(json.dumps({"inputs": inputs, "ids": image_ids("test")}))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""`make test` runs the suite in parallel processes, the images' test among them (the images
-built beside the first tests: minutes of downloads, unpacking and copying), and afterwards and
-alone the tests that take a shared server down.
+"""`make test` runs the suite in parallel processes, the images' test among them (their layers
+built during the setup, beside the installs: minutes of downloads, unpacking and copying), and
+afterwards and alone the tests that take a shared server down.
 A test module that restarts Postgres, RabbitMQ or Redis and is not marked so
 would break whatever runs beside it: it fails here instead."""
 
@@ -67,20 +67,16 @@ def test_make_test_installs_the_dashboard_browser_during_setup() -> None:
     )
 
 
-def test_make_test_builds_the_images_beside_the_parallel_tests_for_their_test() -> None:
-    """The images' build (the setup's longest step when it came first) runs beside the first
-    tests; their test waits for it and takes what it built from this tree."""
-    lines = _recipe("test").splitlines()
-    (parallel,) = [i for i, line in enumerate(lines) if '-m "not exclusive"' in line]
-    assert lines[parallel - 1].strip() == "$(PYTHON) -m tests.support.images & \\"
-    assert lines[parallel + 1].strip() == "passed=$$?; wait $$!; exit $$passed"
-    assert "image-layers" not in _setup_targets()
+def test_make_test_builds_the_images_layers_during_setup_as_their_test_does() -> None:
+    assert "image-layers" in _setup_targets()
     assert "$(PYTHON) -m tests.support.images" in _recipe("image-layers")
-    # The system's Python runs it, on the standard library alone (no site-packages here).
+    # It starts with the setup, not after an install: the system's Python runs it, on the
+    # standard library alone (no site-packages here).
+    assert _recipe("image-layers").split("\n", 1)[0].split() == ["debian-tools"]
     alone = [sys.executable, "-S", "-c", "import tests.support.images"]
     assert subprocess.run(alone, cwd=ROOT, capture_output=True, check=False).returncode == 0
     main = (ROOT / "tests/support/images.py").read_text().split("def main()", 1)[1]
     fixture = (ROOT / "tests/e2e/test_images_live.py").read_text()
-    assert "with building():" in main and 'build_stamped("test", log)' in main
-    assert "with images.building():" in fixture
-    assert 'images.prebuilt("test") or images.build_stamped("test", log)' in fixture
+    assert 'build("test", log)' in main and 'images.build("test", log)' in fixture
+    # The test takes what the setup built, from this tree (the stamp the build leaves).
+    assert "stamp.write_text(" in main and 'images.prebuilt("test") or' in fixture
