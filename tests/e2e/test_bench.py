@@ -292,6 +292,8 @@ def test_embeddings_measures_batched_against_one_at_a_time(run_id: str, tmp_path
         assert figure["vectors"] == (8 if one else 96), name
         assert figure["seconds"] > 0 and figure["vectors_per_s"] > 0, name
     assert all(value > 0 for value in document["ratios"].values())
+    (logs,) = tmp_path.glob("bench-*")  # its deployment's, in --log-dir
+    assert (logs / "api.log").exists() and not (logs / "tmp").exists()
 
 
 MID_ROUND = ["bench", "--scenario", "frontdoor", "--frontdoor-rates", "20", "--duration", "120"]
